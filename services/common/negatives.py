@@ -1,0 +1,101 @@
+"""The negatives table the Indexer writes and the Trainer samples from.
+
+One row per training query: candidate document indices (positives already removed), their
+scores under the checkpoint that mined them, the score of the query's positive, a sampling
+probability per candidate and the source of each candidate. Sampling probabilities are
+computed by the indexer, so drawing negatives costs the trainer one ``rng.choice`` per query.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+SOURCES = ("ann", "bm25", "random")
+SOURCE_CODE = {name: code for code, name in enumerate(SOURCES)}
+PAD = -1
+
+
+@dataclass
+class NegativesTable:
+    step: int                      # checkpoint that produced it (-1: BM25 warm-up)
+    query_ids: np.ndarray          # [Q] str
+    candidates: np.ndarray         # [Q, K] int64 doc indices, PAD where a row is short
+    scores: np.ndarray             # [Q, K] float32
+    positive_scores: np.ndarray    # [Q] float32, score of the query's (first) positive
+    probabilities: np.ndarray      # [Q, K] float32, rows sum to 1 over valid candidates
+    sources: np.ndarray            # [Q, K] int8, index into SOURCES
+
+    def __post_init__(self) -> None:
+        self._row = {str(qid): row for row, qid in enumerate(self.query_ids)}
+
+    def __len__(self) -> int:
+        return len(self.query_ids)
+
+    def row(self, query_id: str) -> int | None:
+        return self._row.get(query_id)
+
+    def sample(self, query_id: str, n: int, rng: np.random.Generator) -> list[int]:
+        """Draw ``n`` distinct negatives (fewer if the row is short) by the stored probabilities."""
+        row = self._row.get(query_id)
+        if row is None or n == 0:
+            return []
+        valid = self.candidates[row] != PAD
+        count = int(valid.sum())
+        if count == 0:
+            return []
+        probs = self.probabilities[row][valid].astype(np.float64)
+        probs /= probs.sum()
+        picked = rng.choice(count, size=min(n, count), replace=False, p=probs)
+        return [int(doc) for doc in self.candidates[row][valid][picked]]
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        np.savez(buffer, step=np.int64(self.step), query_ids=self.query_ids.astype(str),
+                 candidates=self.candidates, scores=self.scores,
+                 positive_scores=self.positive_scores, probabilities=self.probabilities,
+                 sources=self.sources)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> NegativesTable:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            return cls(step=int(arrays["step"]), query_ids=arrays["query_ids"],
+                       candidates=arrays["candidates"], scores=arrays["scores"],
+                       positive_scores=arrays["positive_scores"],
+                       probabilities=arrays["probabilities"], sources=arrays["sources"])
+
+
+def uniform_probabilities(candidates: np.ndarray) -> np.ndarray:
+    """ANCE §4/§5: negatives are sampled uniformly from the ANN top-K minus the positives."""
+    valid = (candidates != PAD).astype(np.float32)
+    counts = valid.sum(axis=1, keepdims=True)
+    return np.divide(valid, counts, out=np.zeros_like(valid), where=counts > 0)
+
+
+def remove_positives(
+    ranked: np.ndarray, scores: np.ndarray, positives: list[set[int]], keep: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Drop each row's positives (and FAISS's -1 padding), keep the first ``keep`` of the rest."""
+    out_ids = np.full((len(ranked), keep), PAD, dtype=np.int64)
+    out_scores = np.zeros((len(ranked), keep), dtype=np.float32)
+    for row, (ids, row_scores, pos) in enumerate(zip(ranked, scores, positives, strict=True)):
+        mask = ids != PAD
+        if pos:
+            mask &= ~np.isin(ids, np.fromiter(pos, dtype=np.int64))
+        kept_ids, kept_scores = ids[mask][:keep], row_scores[mask][:keep]
+        out_ids[row, : len(kept_ids)] = kept_ids
+        out_scores[row, : len(kept_scores)] = kept_scores
+    return out_ids, out_scores
+
+
+def overlap_at(candidates: np.ndarray, top: np.ndarray) -> float:
+    """Share of negative candidates that are also in ``top`` (same rows), ignoring padding."""
+    hits = total = 0
+    for cand_row, top_row in zip(candidates, top, strict=True):
+        cand = cand_row[cand_row != PAD]
+        hits += int(np.isin(cand, top_row[top_row != PAD]).sum())
+        total += len(cand)
+    return hits / total if total else 0.0

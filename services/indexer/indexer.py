@@ -1,0 +1,229 @@
+"""The Indexer service: builds the ANN index of each complete checkpoint, mines negatives,
+evaluates, and serves Search over the latest index.
+
+A checkpoint is complete when every shard of its refresh plan is in the store. The indexer
+always builds the newest complete checkpoint; if a newer one completes while an older one is
+being processed, the older one is abandoned (superseded). Shard events are idempotent: the
+set of shards received is derived from the store, so duplicates and late shards of an old
+checkpoint change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import torch
+from ance_train.common import events
+from ance_train.common.checkpoint_cache import ModelCache
+from ance_train.common.evaluation import evaluate
+from ance_train.common.negatives import NegativesTable
+from ance_train.common.refresh import (
+    CORPUS,
+    QUERIES,
+    RefreshPlan,
+    embedding_key,
+    eval_key,
+    negatives_key,
+    query_order,
+    unpack_embeddings,
+)
+from ance_train.common.runtime import ServiceContext
+
+from .ann import AnnIndex, Superseded
+from .mining import ance_negatives, bm25_negatives, positives_of
+from .search_service import SearchService, ServedIndex
+
+BM25_STEP = -1
+
+
+class Indexer:
+    GROUP = "indexer"
+
+    def __init__(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        self.plans: dict[int, RefreshPlan] = {}
+        self.received: dict[int, set[str]] = {}
+        self.last_built = -1
+        self.query_ids = query_order(ctx.dataset)
+        self.query_row = {q: i for i, q in enumerate(self.query_ids)}
+        self.train_ids = sorted(ctx.dataset.train)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints", device)
+        self.search = SearchService(ctx.corpus, self.models, ctx.config.model.max_query_length)
+        self._last_poll = 0.0
+
+    # -- event handling ---------------------------------------------------------------------
+    def recover(self) -> None:
+        """Rebuild state from the streams' history and the store (restart-safe)."""
+        for event in self.ctx.bus.history(events.CHECKPOINT_PUBLISHED):
+            self._add_plan(event)
+        done = [int(e.step) for e in self.ctx.bus.history(events.NEGATIVES_READY)
+                if e.step >= 0]
+        self.last_built = max(done, default=-1)
+
+    def _add_plan(self, event: events.Event) -> None:
+        step = event.step
+        if step in self.plans:
+            return
+        self.plans[step] = RefreshPlan.from_payload(step, event.payload)
+        present = set(self.ctx.store.list(f"embeddings/{step}/"))
+        self.received[step] = {f"embeddings/{step}/{key}" if not key.startswith("embeddings/")
+                               else key for key in present}
+
+    def poll(self, block_ms: int) -> None:
+        bus = self.ctx.bus
+        for event in bus.consume(events.CHECKPOINT_PUBLISHED, self.GROUP, "indexer", block_ms=0):
+            self._add_plan(event)
+            bus.ack(events.CHECKPOINT_PUBLISHED, self.GROUP, event.entry_id)
+        for event in bus.consume(events.SHARD_ENCODED, self.GROUP, "indexer", block_ms=block_ms,
+                                 count=256):
+            if event.step > self.last_built:
+                self.received.setdefault(event.step, set()).add(event.payload["key"])
+            bus.ack(events.SHARD_ENCODED, self.GROUP, event.entry_id)
+        self._last_poll = time.monotonic()
+
+    def newest_complete(self) -> int | None:
+        complete = [step for step, plan in self.plans.items()
+                    if step > self.last_built
+                    and plan.expected_keys() <= self.received.get(step, set())]
+        return max(complete, default=None)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        ctx = self.ctx
+        self.recover()
+        if ctx.config.training.warmup_negatives == "bm25":
+            self.publish_bm25_negatives()
+        ctx.state.update(state="idle", phase="waiting for shards", index_step=self.last_built)
+        while not ctx.stop.is_set():
+            try:
+                self.poll(block_ms=500)
+            except Exception as error:  # Redis restarting: back off, groups keep our place
+                ctx.log.warning("reading events failed: %s", error)
+                ctx.stop.wait(1.0)
+                continue
+            step = self.newest_complete()
+            if step is None:
+                continue
+            try:
+                self.process(step)
+            except Superseded:
+                ctx.log.info("checkpoint %d superseded while indexing", step)
+
+    def _superseded(self, step: int) -> bool:
+        if time.monotonic() - self._last_poll > 1.0:
+            self.poll(block_ms=0)
+        newest = self.newest_complete()
+        return self.ctx.stop.is_set() or (newest is not None and newest > step)
+
+    def publish_bm25_negatives(self) -> None:
+        ctx = self.ctx
+        key = negatives_key("bm25")
+        if not ctx.store.exists(key):
+            ctx.state.update(state="running", phase="BM25 negatives")
+            started = time.monotonic()
+            table = bm25_negatives(ctx.corpus, ctx.dataset, self.train_ids,
+                                   ctx.config.index.bm25_top_k)
+            ctx.store.put_bytes(key, table.to_bytes())
+            ctx.log.info("BM25 negatives for %d queries in %.1fs", len(table),
+                         time.monotonic() - started)
+        ctx.bus.publish(events.NEGATIVES_READY, BM25_STEP, key=key, source="bm25")
+
+    def process(self, step: int) -> None:
+        ctx = self.ctx
+        should_stop = lambda: self._superseded(step)  # noqa: E731
+        started = time.monotonic()
+        ctx.state.update(state="running", phase=f"building index {step}", checkpoint_step=step)
+        plan = self.plans[step]
+        index: AnnIndex | None = None
+        for shard in range(len(plan.corpus_ranges)):
+            if should_stop():
+                raise Superseded()
+            key = embedding_key(step, CORPUS, shard)
+            ids, vectors = unpack_embeddings(ctx.store.get_bytes(key))
+            if index is None:
+                index = AnnIndex(vectors.shape[1])
+            index.add(ids, vectors)
+        assert index is not None
+        index.finalize()
+        queries = self._load_queries(step, plan, index.dim)
+        build_s = time.monotonic() - started
+
+        ctx.state.update(phase=f"mining {step}")
+        started = time.monotonic()
+        table = self.mine(step, index, queries, should_stop)
+        ctx.store.put_bytes(negatives_key(step), table.to_bytes())
+        mine_s = time.monotonic() - started
+
+        ctx.state.update(phase=f"evaluating {step}")
+        started = time.monotonic()
+        metrics = self.evaluate(index, queries, should_stop)
+        eval_s = time.monotonic() - started
+        timings = {"build_s": build_s, "mine_s": mine_s, "eval_s": eval_s}
+        ctx.store.put_json(eval_key(step), {"step": step, "metrics": metrics,
+                                            "timings": timings})
+        # The index serves searches from now on; then the events go out.
+        self.search.serve(ServedIndex(step, index))
+        self.last_built = step
+        ctx.bus.publish(events.NEGATIVES_READY, step, key=negatives_key(step), source="ann",
+                        queries=len(table))
+        ctx.bus.publish(events.EVAL_COMPLETED, step, key=eval_key(step), metrics=metrics,
+                        timings=timings)
+        flat = {f"{split}/{name}": value for split, values in metrics.items()
+                for name, value in values.items()}
+        ctx.state.update(state="idle", phase="waiting for shards", index_step=step, metrics=flat)
+        ctx.log.info("checkpoint %d indexed: %s", step, json.dumps(metrics))
+        for old in [s for s in self.plans if s <= step]:
+            self.plans.pop(old, None)
+            self.received.pop(old, None)
+
+    def _load_queries(self, step: int, plan: RefreshPlan, dim: int) -> np.ndarray:
+        matrix = np.zeros((len(self.query_ids), dim), dtype=np.float32)
+        for shard in range(len(plan.query_ranges)):
+            ids, vectors = unpack_embeddings(
+                self.ctx.store.get_bytes(embedding_key(step, QUERIES, shard)))
+            matrix[ids] = vectors
+        return matrix
+
+    def mine(self, step: int, index: AnnIndex, queries: np.ndarray, should_stop) -> NegativesTable:
+        cfg, dataset = self.ctx.config, self.ctx.dataset
+        rows = np.array([self.query_row[q] for q in self.train_ids], dtype=np.int64)
+        positives = positives_of(dataset, self.train_ids)
+        depth = cfg.index.top_k + max(len(p) for p in positives)
+        ranked, scores = index.search(queries[rows], depth, cfg.index.search_batch_size,
+                                      should_stop)
+        first_positive = np.array([min(p) for p in positives], dtype=np.int64)
+        positive_vectors = np.stack([index.index.reconstruct(int(d)) for d in first_positive])
+        positive_scores = np.einsum("ij,ij->i", queries[rows], positive_vectors)
+        return ance_negatives(step, self.train_ids, ranked, scores, positives, positive_scores,
+                              cfg.index.top_k)
+
+    def evaluate(self, index: AnnIndex, queries: np.ndarray, should_stop) -> dict:
+        cfg, dataset = self.ctx.config, self.ctx.dataset
+        results = {}
+        for split in cfg.index.eval_splits:
+            qrels = getattr(dataset, split)
+            if not qrels:
+                continue
+            qids = sorted(qrels)
+            rows = np.array([self.query_row[q] for q in qids], dtype=np.int64)
+            ranked, scores = index.search(queries[rows], cfg.index.eval_depth,
+                                          cfg.index.search_batch_size, should_stop)
+            run = {q: {str(d): float(s) for d, s in zip(r, sc, strict=True) if d >= 0}
+                   for q, r, sc in zip(qids, ranked, scores, strict=True)}
+            str_qrels = {q: {str(d): rel for d, rel in rels.items()} for q, rels in qrels.items()}
+            results[split] = evaluate(run, str_qrels)
+        return results
+
+
+def serve(ctx: ServiceContext) -> int:
+    ctx.install_signal_handlers()
+    indexer = Indexer(ctx)
+    ctx.start_server(indexer.search.add_to_server)
+    try:
+        indexer.run()
+    finally:
+        ctx.close()
+    return 0

@@ -1,0 +1,82 @@
+"""Training batches: queries, one positive each, hard negatives from the table in use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from ance_train.common.data import DatasetIndex
+from ance_train.common.negatives import NegativesTable
+
+
+@dataclass
+class TrainingBatch:
+    query_ids: list[str]
+    query_texts: list[str]
+    doc_indices: list[int]          # columns: the B positives first, then hard negatives
+    positive_column: torch.Tensor   # [B] column of each query's positive
+    allowed: torch.Tensor           # [B, docs] which columns enter each query's softmax
+    hard_negatives: int             # how many hard negatives the batch holds
+
+
+class BatchBuilder:
+    """Cycles through the training queries in shuffled epochs (seeded; resumable)."""
+
+    def __init__(self, dataset: DatasetIndex, batch_size: int, negatives_per_query: int,
+                 in_batch_negatives: bool, seed: int) -> None:
+        self.positives = {qid: sorted(docs for docs, rel in rels.items() if rel > 0)
+                          for qid, rels in dataset.train.items()}
+        self.positives = {qid: docs for qid, docs in self.positives.items() if docs}
+        self.queries = dataset.queries
+        self.order = sorted(self.positives)
+        self.batch_size = min(batch_size, len(self.order))
+        self.negatives_per_query = negatives_per_query
+        self.in_batch = in_batch_negatives
+        self.rng = np.random.default_rng(seed)
+        self.epoch_order: list[str] = []
+        self.cursor = 0
+
+    def _next_queries(self) -> list[str]:
+        picked: list[str] = []
+        while len(picked) < self.batch_size:
+            if self.cursor >= len(self.epoch_order):
+                self.epoch_order = list(self.rng.permutation(self.order))
+                self.cursor = 0
+            candidate = self.epoch_order[self.cursor]
+            self.cursor += 1
+            if candidate not in picked:
+                picked.append(candidate)
+        return picked
+
+    def build(self, table: NegativesTable | None) -> TrainingBatch:
+        qids = self._next_queries()
+        positives = [int(self.rng.choice(self.positives[q])) for q in qids]
+        negatives = [table.sample(q, self.negatives_per_query, self.rng) if table else []
+                     for q in qids]
+        columns = positives + [doc for row in negatives for doc in row]
+        allowed = torch.zeros(len(qids), len(columns), dtype=torch.bool)
+        own_start = len(qids)
+        for i, qid in enumerate(qids):
+            allowed[i, i] = True
+            allowed[i, own_start: own_start + len(negatives[i])] = True
+            own_start += len(negatives[i])
+            if self.in_batch:
+                query_positives = set(self.positives[qid])
+                for column, doc in enumerate(columns):
+                    if doc not in query_positives:
+                        allowed[i, column] = True
+        return TrainingBatch(
+            query_ids=qids, query_texts=[self.queries[q] for q in qids], doc_indices=columns,
+            positive_column=torch.arange(len(qids)), allowed=allowed,
+            hard_negatives=len(columns) - len(qids),
+        )
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "epoch_order": list(self.epoch_order),
+                "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.epoch_order = list(state["epoch_order"])
+        self.cursor = int(state["cursor"])

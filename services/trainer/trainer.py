@@ -1,0 +1,203 @@
+"""The Trainer service: optimises the bi-encoder on the freshest negatives available.
+
+Per step it takes whatever negatives table the feed holds (never waiting, except before
+step 1 when ``training.wait_for_first_negatives`` says so), computes the NLL loss over the
+positive, hard and in-batch negatives, and every ``refresh_every`` steps saves a checkpoint
+that the publisher uploads and announces in the background. It records the async gap
+(current step − step of the checkpoint whose negatives are in use, ANCE §6.4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from ance_train.common import events
+from ance_train.common.model import BiEncoder, load_tokenizer
+from ance_train.common.runtime import ServiceContext
+from transformers import get_linear_schedule_with_warmup
+
+from .batches import BatchBuilder
+from .checkpoints import CheckpointPublisher
+from .loss import contrastive_nll
+from .negatives_feed import NegativesFeed
+
+SUMMARY_KEY = "trainer/summary.json"
+
+
+@dataclass
+class TrainingRecord:
+    """What the run's summary reports about training (also read by the tests)."""
+
+    losses: list[float] = field(default_factory=list)
+    async_gaps: list[int | None] = field(default_factory=list)
+    negatives_steps: list[int | None] = field(default_factory=list)
+    swaps: list[dict] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    negatives_ms: list[float] = field(default_factory=list)
+    wait_before_first_s: float = 0.0
+    wait_after_first_s: float = 0.0
+    checkpoints: list[int] = field(default_factory=list)
+
+
+def autocast_context(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return contextlib.nullcontext()
+    if mode == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+class Trainer:
+    def __init__(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        cfg = ctx.config
+        self.cfg = cfg
+        torch.manual_seed(cfg.training.seed)
+        random.seed(cfg.training.seed)
+        if cfg.training.torch_threads:
+            torch.set_num_threads(cfg.training.torch_threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        self.model = BiEncoder.from_pretrained(cfg.model.path, cfg.model).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
+                                           weight_decay=cfg.training.weight_decay)
+        self.scheduler = get_linear_schedule_with_warmup(
+            self.optimizer, cfg.training.warmup_steps, cfg.training.steps)
+        self.batches = BatchBuilder(ctx.dataset, cfg.training.batch_size,
+                                    cfg.training.negatives_per_query,
+                                    cfg.training.in_batch_negatives, cfg.training.seed)
+        self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
+        self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
+                                             ctx.work_dir)
+        self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop)
+        self.record = TrainingRecord()
+        self.step = 0
+
+    def run(self) -> TrainingRecord:
+        ctx, cfg = self.ctx, self.cfg
+        ctx.state.update(state="running", phase="checkpoint 0", total=cfg.training.steps)
+        self._checkpoint(0)
+        self.feed.start()
+        if cfg.training.wait_for_first_negatives and cfg.training.negatives_per_query > 0:
+            ctx.state.update(phase="waiting for first negatives")
+            started = time.monotonic()
+            self.feed.wait_first()
+            self.record.wait_before_first_s = time.monotonic() - started
+        in_use_step: int | None = None
+        while self.step < cfg.training.steps and not ctx.stop.is_set():
+            self.step += 1
+            started = time.monotonic()
+            table = self.feed.current()
+            batch = self.batches.build(table)
+            negatives_ms = (time.monotonic() - started) * 1000
+            if table is not None and table.step != in_use_step:
+                self.record.swaps.append({"step": self.step, "negatives_step": table.step})
+                in_use_step = table.step
+            loss = self._optimise(batch)
+            gap = None if table is None or table.step < 0 else self.step - table.step
+            self._log_step(loss, gap, in_use_step, negatives_ms, time.monotonic() - started)
+            if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
+                self._checkpoint(self.step)
+        self.publisher.flush()
+        self.publisher.close()
+        finished = self.step >= cfg.training.steps
+        ctx.store.put_json(SUMMARY_KEY, self.summary(finished))
+        if finished:
+            ctx.bus.publish(events.RUN_FINISHED, self.step, final_step=self.step)
+        ctx.state.update(state="finished" if finished else "stopped", phase="done")
+        return self.record
+
+    def _optimise(self, batch) -> float:
+        cfg = self.cfg
+        self.model.train()
+        queries = self.tokenizer(batch.query_texts, padding=True, truncation=True,
+                                 max_length=cfg.model.max_query_length, return_tensors="pt")
+        docs = self.tokenizer(self.ctx.corpus.texts(batch.doc_indices), padding=True,
+                              truncation=True, max_length=cfg.model.max_doc_length,
+                              return_tensors="pt")
+        with autocast_context(cfg.training.mixed_precision, self.device):
+            q = self.model(queries["input_ids"].to(self.device),
+                           queries["attention_mask"].to(self.device))
+            d = self.model(docs["input_ids"].to(self.device),
+                           docs["attention_mask"].to(self.device))
+            scores = self.model.score(q, d)
+        loss = contrastive_nll(scores, batch.positive_column.to(self.device),
+                               batch.allowed.to(self.device))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.training.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(loss.detach())
+
+    def _log_step(self, loss: float, gap: int | None, negatives_step: int | None,
+                  negatives_ms: float, seconds: float) -> None:
+        rec = self.record
+        rec.losses.append(loss)
+        rec.async_gaps.append(gap)
+        rec.negatives_steps.append(negatives_step)
+        rec.negatives_ms.append(negatives_ms)
+        rec.step_seconds.append(seconds)
+        metrics = {"loss": loss, "step_seconds": seconds, "negatives_ms": negatives_ms,
+                   "learning_rate": self.scheduler.get_last_lr()[0]}
+        if gap is not None:
+            metrics["async_gap"] = gap
+        self.ctx.state.update(step=self.step, done=self.step, phase="training",
+                              index_step=-1 if negatives_step is None else negatives_step,
+                              metrics=metrics)
+        if self.step % 10 == 0 or self.step == 1:
+            self.ctx.log.info("step %d loss %.4f gap %s (%.2fs)", self.step, loss, gap, seconds)
+
+    def _checkpoint(self, step: int) -> None:
+        state = {
+            "step": step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "batches": json.dumps(self.batches.state_dict(), default=_jsonable),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": json.dumps(np.random.get_state()[1].tolist()),
+        }
+        directory = self.publisher.save(step, self.model, self.tokenizer, state)
+        self.publisher.publish_async(step, directory)
+        self.record.checkpoints.append(step)
+        self.ctx.state.update(checkpoint_step=step)
+
+    def summary(self, finished: bool) -> dict:
+        rec = self.record
+        return {
+            "finished": finished,
+            "steps": self.step,
+            "losses": rec.losses,
+            "async_gaps": rec.async_gaps,
+            "negatives_steps": rec.negatives_steps,
+            "swaps": rec.swaps,
+            "checkpoints": rec.checkpoints,
+            "step_seconds": rec.step_seconds,
+            "negatives_ms": rec.negatives_ms,
+            "wait_before_first_s": rec.wait_before_first_s,
+            "wait_after_first_s": rec.wait_after_first_s,
+        }
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value)}")
+
+
+def serve(ctx: ServiceContext) -> int:
+    ctx.install_signal_handlers()
+    ctx.start_server()
+    try:
+        Trainer(ctx).run()
+    finally:
+        ctx.close()
+    return 0

@@ -1,0 +1,81 @@
+"""Shared test fixtures: a tiny random BERT and a small, consistent SciFact subset."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from ance_train.common.config import default_model_path
+
+REPO = Path(__file__).resolve().parents[1]
+SCIFACT = Path(os.environ.get("ANCE_SCIFACT_DIR", REPO.parent / "shared" / "data" / "scifact"))
+
+
+def scifact_dir() -> Path:
+    """The SciFact copy the tests use; a missing copy is an error, never a silent skip."""
+    if not (SCIFACT / "corpus.jsonl").is_file():
+        raise FileNotFoundError(
+            f"SciFact not found at {SCIFACT}: the tests need ../shared/data/scifact "
+            "(or ANCE_SCIFACT_DIR)"
+        )
+    return SCIFACT
+
+
+def make_tiny_bert(directory: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
+    """A randomly initialised 2-layer BERT with the MiniLM WordPiece tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path(), local_files_only=True)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden,
+                        num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=hidden * 2, max_position_embeddings=512)
+    BertModel(config).save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def make_scifact_subset(directory: Path, max_docs: int = 300, max_queries: int = 120) -> Path:
+    """First ``max_docs`` SciFact documents plus every query whose positives all lie among them.
+
+    Keeps the qrels consistent with the smaller corpus, so validation passes honestly.
+    """
+    source = scifact_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    doc_ids: set[str] = set()
+    with open(source / "corpus.jsonl") as src, open(directory / "corpus.jsonl", "w") as dst:
+        for line, _ in zip(src, range(max_docs), strict=False):
+            doc_ids.add(json.loads(line)["_id"])
+            dst.write(line)
+    (directory / "qrels").mkdir(exist_ok=True)
+    kept_queries: set[str] = set()
+    for split in ("train", "test"):
+        rows = (source / "qrels" / f"{split}.tsv").read_text().splitlines()
+        by_query: dict[str, list[str]] = {}
+        for row in rows[1:]:
+            qid, did, _ = row.split("\t")
+            by_query.setdefault(qid, []).append(row)
+        lines = [rows[0]]
+        taken = 0
+        for qid, qrows in by_query.items():
+            if taken >= max_queries:
+                break
+            if all(r.split("\t")[1] in doc_ids for r in qrows):
+                lines += qrows
+                kept_queries.add(qid)
+                taken += 1
+        (directory / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    with open(source / "queries.jsonl") as src, open(directory / "queries.jsonl", "w") as dst:
+        for line in src:
+            if json.loads(line)["_id"] in kept_queries:
+                dst.write(line)
+    return directory
+
+
+def write_config(path: Path, **sections: dict) -> Path:
+    path.write_text(yaml.safe_dump(sections, sort_keys=False))
+    return path

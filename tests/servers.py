@@ -1,0 +1,100 @@
+"""Helpers that start real servers (as separate OS processes) for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+MOTO_ACCESS_KEY = "testing"
+MOTO_SECRET_KEY = "testing-secret"
+MOTO_BUCKET = "ance-test"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    """Whether an HTTP server answers on 127.0.0.1:port (moto's own API endpoint)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1.0)
+    try:
+        conn.request("GET", "/moto-api/data.json")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+
+
+@contextlib.contextmanager
+def moto_server(start_timeout: float = 20.0) -> Iterator[dict[str, str]]:
+    """Run a real moto S3 server (``python -m moto.server``) on a free loopback port.
+
+    Yields the ``ANCE_S3_*`` environment variables that point a store at it; the
+    process is terminated (killed after a timeout) on exit.  Its output goes to a temp
+    file (not a pipe, which could fill up and block the server) and is shown if it does
+    not start within ``start_timeout`` seconds.
+    """
+    with tempfile.TemporaryFile() as log:
+        for _attempt in range(3):  # the port may be taken between free_port() and bind
+            port = free_port()
+            log.seek(0)
+            log.truncate()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                deadline = time.monotonic() + start_timeout
+                while time.monotonic() < deadline:
+                    if proc.poll() is not None or _answers(port):
+                        break
+                    time.sleep(0.1)
+                if proc.poll() is None and _answers(port):
+                    break
+                _stop(proc)
+                log.seek(0)
+                output = log.read().decode("utf-8", "replace")
+                if "Address already in use" in output:
+                    continue
+                raise RuntimeError(
+                    f"moto server did not start on 127.0.0.1:{port} within {start_timeout:g}s "
+                    f"(exit code {proc.returncode}); output:\n{output[-4000:]}"
+                )
+            except BaseException:
+                _stop(proc)
+                raise
+        else:
+            raise RuntimeError("moto server could not bind a free port after 3 attempts")
+        try:
+            yield {
+                "ANCE_S3_ENDPOINT": f"127.0.0.1:{port}",
+                "ANCE_S3_ACCESS_KEY": MOTO_ACCESS_KEY,
+                "ANCE_S3_SECRET_KEY": MOTO_SECRET_KEY,
+                "ANCE_S3_BUCKET": MOTO_BUCKET,
+                "ANCE_S3_SECURE": "0",
+            }
+        finally:
+            _stop(proc)
