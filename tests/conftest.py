@@ -1,0 +1,45 @@
+"""Fixtures that start real servers: Redis (redis-server process) and S3 (moto server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import make_scifact_subset, make_tiny_bert
+from servers import moto_server
+
+from ance_train.common import events
+from ance_train.common.redis_server import RedisServer
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server process for one test."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bus(redis_server: RedisServer) -> events.EventBus:
+    return events.EventBus(events.connect(redis_server.url), "test-run")
+
+
+@pytest.fixture(scope="session")
+def s3_env() -> Iterator[dict[str, str]]:
+    """A moto S3 server on loopback, shared by the session; yields the ANCE_S3_* variables."""
+    with moto_server() as env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def scifact_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_scifact_subset(tmp_path_factory.mktemp("scifact-subset"))

@@ -1,0 +1,80 @@
+"""Starting single services as OS processes against a real Redis and store, for tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ance_train.common.config import load_config
+from ance_train.common.data import validate_dataset
+from ance_train.common.runtime import publish_dataset
+from ance_train.common.storage import LocalStore
+
+
+@dataclass
+class Harness:
+    """A prepared run: validated dataset in a local store, config file, Redis URL."""
+
+    root: Path
+    config_path: Path
+    redis_url: str
+
+    @classmethod
+    def prepare(cls, root: Path, redis_url: str, **sections: dict) -> Harness:
+        config_path = root / "config.yaml"
+        config_path.write_text(yaml.safe_dump(sections, sort_keys=False))
+        config = load_config(config_path)
+        validate_dataset(config.data, root / "cache", seed=config.training.seed)
+        publish_dataset(LocalStore(config.run_id, root / "store"), root / "cache")
+        return cls(root, config_path, redis_url)
+
+    @property
+    def config(self):
+        return load_config(self.config_path)
+
+    @property
+    def store(self) -> LocalStore:
+        return LocalStore(self.config.run_id, self.root / "store")
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANCE_S3_")}
+        env.update(ANCE_STORE_DIR=str(self.root / "store"), ANCE_REDIS_URL=self.redis_url,
+                   TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        return env
+
+    def spawn(self, role: str, instance: str) -> subprocess.Popen:
+        log = open(self.root / f"{instance}.log", "ab")  # noqa: SIM115 - owned by the child
+        return subprocess.Popen(
+            [sys.executable, "-m", "ance_train.cli", "serve", role, "--config",
+             str(self.config_path), "--instance", instance,
+             "--work-dir", str(self.root / "work" / instance)],
+            stdout=log, stderr=subprocess.STDOUT, env=self.env())
+
+    def log(self, instance: str) -> str:
+        return (self.root / f"{instance}.log").read_text(errors="replace")
+
+
+def wait_until(predicate, timeout_s: float, message: str, interval_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s: {message}")
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

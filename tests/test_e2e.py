@@ -1,0 +1,183 @@
+"""End to end: `ance-train run` starts Redis, trainer, 2 inferencer replicas and the indexer as
+OS processes; the object store is S3 (the minio client against a moto server on loopback).
+
+A tiny random BERT trains on a few hundred SciFact documents through several asynchronous
+index refreshes; the assertions read back what the services wrote to the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import write_config
+from service_harness import wait_until
+
+from ance_train.common.config import load_config
+from ance_train.common.data import load_dataset_index
+from ance_train.common.negatives import PAD, NegativesTable
+from ance_train.common.refresh import (
+    CORPUS,
+    QUERIES,
+    RefreshPlan,
+    negatives_key,
+    unpack_embeddings,
+)
+from ance_train.common.storage import store_from_env
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, s3_env, tiny_model, scifact_subset):
+    root = tmp_path_factory.mktemp("e2e")
+    config_path = write_config(
+        root / "config.yaml", run_id="e2e", output_dir=str(root / "runs"),
+        data={"path": str(scifact_subset), "dev_fraction": 0.2},
+        model={"path": str(tiny_model), "max_query_length": 32, "max_doc_length": 128},
+        training={"steps": 60, "batch_size": 8, "negatives_per_query": 2, "refresh_every": 15,
+                  "warmup_steps": 5, "learning_rate": 1e-4, "warmup_negatives": "none",
+                  "torch_threads": 1},
+        inference={"replicas": 2, "shard_size": 40, "query_shard_size": 50, "batch_size": 16,
+                   "claim_timeout_s": 10, "torch_threads": 1},
+        index={"top_k": 30, "eval_depth": 100},
+    )
+    env = {**os.environ, **s3_env, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ance_train.cli", "run", "--config", str(config_path),
+         "--max-minutes", "8"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    statuses = poll_status_while_running(process, config_path, env)
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output
+    config = load_config(config_path)
+    with _env(s3_env):
+        store = store_from_env(config.run_id)
+    run_dir = root / "runs" / "e2e"
+    return {"config": config, "store": store, "output": output, "statuses": statuses,
+            "run_dir": run_dir, "dataset": load_dataset_index(run_dir / "cache"),
+            "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+def poll_status_while_running(process, config_path: Path, env: dict) -> list[dict]:
+    """`ance-train status` against the live run, until it lists every service once."""
+    deadline = time.monotonic() + 120
+    while process.poll() is None and time.monotonic() < deadline:
+        reply = subprocess.run([sys.executable, "-m", "ance_train.cli", "status", "--config",
+                                str(config_path), "--json"], capture_output=True, text=True,
+                               env=env)
+        if reply.returncode == 0:
+            rows = json.loads(reply.stdout)
+            if len(rows) == 4 and all(r["state"] != "unreachable" for r in rows):
+                return rows
+        time.sleep(0.5)
+    return []
+
+
+class _env:
+    def __init__(self, values: dict) -> None:
+        self.values = values
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc) -> None:
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def refreshed_steps(store) -> list[int]:
+    return sorted(int(k.split("/")[1].removesuffix(".npz")) for k in store.list("negatives")
+                  if k.split("/")[1].removesuffix(".npz").lstrip("-").isdigit())
+
+
+def test_status_command_lists_every_service(finished_run) -> None:
+    names = sorted(row["service"] for row in finished_run["statuses"])
+    assert names == ["indexer:indexer", "inferencer:inferencer-0", "inferencer:inferencer-1",
+                     "trainer:trainer"]
+    assert all(row["state"] in {"starting", "running", "idle"} for row in finished_run["statuses"])
+
+
+def test_at_least_two_refreshes_after_zero_shot(finished_run) -> None:
+    steps = refreshed_steps(finished_run["store"])
+    assert steps[0] == 0
+    assert len([s for s in steps if s > 0]) >= 2, steps
+
+
+def test_every_shard_of_every_refresh_encoded_exactly_once(finished_run) -> None:
+    store, config, dataset = finished_run["store"], finished_run["config"], finished_run["dataset"]
+    for step in refreshed_steps(store):
+        plan = RefreshPlan.for_run(step, config, dataset)
+        present = set(store.list(f"embeddings/{step}"))
+        assert present == plan.expected_keys(), f"checkpoint {step}"
+        for kind, total in ((CORPUS, dataset.num_docs), (QUERIES, len(plan.query_ranges))):
+            keys = sorted(k for k in present if f"/{kind}-" in k)
+            ids = np.concatenate([unpack_embeddings(store.get_bytes(k))[0] for k in keys])
+            if kind == CORPUS:
+                np.testing.assert_array_equal(np.sort(ids), np.arange(total))
+            assert len(ids) == len(set(ids.tolist())), f"duplicate rows in {kind} of {step}"
+
+
+def test_negatives_never_contain_a_positive_and_change_between_refreshes(finished_run) -> None:
+    store, dataset = finished_run["store"], finished_run["dataset"]
+    tables = [NegativesTable.from_bytes(store.get_bytes(negatives_key(s)))
+              for s in refreshed_steps(store)]
+    for table in tables:
+        assert len(table) == len(dataset.train)
+        for qid, row in zip(table.query_ids, table.candidates, strict=True):
+            positives = set(dataset.train[str(qid)])
+            assert not positives & set(row[row != PAD].tolist()), (table.step, qid)
+    for older, newer in zip(tables, tables[1:], strict=False):
+        assert not np.array_equal(older.candidates, newer.candidates), (older.step, newer.step)
+
+
+def test_trainer_never_waited_after_first_negatives(finished_run) -> None:
+    trainer = finished_run["summary"]["trainer"]
+    assert trainer["finished"] and trainer["steps"] == 60
+    ann_swaps = [s for s in trainer["swaps"] if s["negatives_step"] >= 0]
+    assert len(ann_swaps) >= 2, trainer["swaps"]
+    later = [s for s in ann_swaps if s["negatives_step"] > 0]
+    # Newer negatives arrived while training went on: the switch happened at a later step.
+    assert later and all(s["step"] > s["negatives_step"] for s in later), later
+    first_swap = ann_swaps[0]["step"]
+    negatives_ms = trainer["negatives_ms"][first_swap - 1:]
+    assert max(negatives_ms) < 250, "obtaining negatives must never block a step"
+    assert trainer["wait_after_first_s"] == 0.0
+    gaps = [g for g in trainer["async_gaps"][first_swap:] if g is not None]
+    assert gaps and max(gaps) > 0
+
+
+def test_metrics_for_every_refresh(finished_run) -> None:
+    store = finished_run["store"]
+    evaluations = {e["step"]: e for e in finished_run["summary"]["evaluations"]}
+    for step in refreshed_steps(store):
+        stored = store.get_json(f"eval/{step}.json")
+        for split in ("dev", "test"):
+            metrics = stored["metrics"][split]
+            assert set(metrics) == {"ndcg@10", "mrr@10", "recall@100", "recall@1000"}
+            assert all(0.0 <= v <= 1.0 for v in metrics.values())
+        assert evaluations[step]["metrics"] == stored["metrics"]
+    assert "zero-shot" in finished_run["output"]
+
+
+def test_both_replicas_encoded_shards(finished_run) -> None:
+    logs = finished_run["run_dir"] / "logs"
+    for replica in ("inferencer-0", "inferencer-1"):
+        text = (logs / f"{replica}.log").read_text()
+        assert "corpus-" in text and " texts in " in text, replica
+
+
+def test_no_process_left_behind(finished_run) -> None:
+    run_dir = str(finished_run["run_dir"])
+    alive = subprocess.run(["pgrep", "-f", run_dir], capture_output=True, text=True).stdout
+    assert alive.strip() == "", alive

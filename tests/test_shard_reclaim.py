@@ -1,0 +1,86 @@
+"""An inferencer replica killed while holding a shard: another replica reclaims and finishes it.
+
+The dying replica is a separate OS process that claims the item through the real consumer
+group and is then SIGKILLed; the survivor is a real inferencer service process.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+from service_harness import Harness, stop, wait_until
+
+from ance_train.common import events
+from ance_train.common.model import BiEncoder, load_tokenizer
+from ance_train.common.refresh import CORPUS, checkpoint_prefix, embedding_key, unpack_embeddings
+
+CLAIM_AND_HANG = textwrap.dedent("""
+    import sys, time
+    from ance_train.common import events
+    bus = events.EventBus(events.connect(sys.argv[1]), sys.argv[2])
+    queue = events.WorkQueue(bus, claim_timeout_s=float(sys.argv[3]))
+    item = None
+    while item is None:
+        item = queue.claim("doomed-replica", block_ms=500)
+    print(item.entry_id, item.shard, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_killed_replica_item_is_reclaimed_and_finished(tmp_path: Path, redis_server, tiny_model,
+                                                       scifact_subset) -> None:
+    timeout_s = 2.0
+    harness = Harness.prepare(
+        tmp_path, redis_server.url, run_id="reclaim",
+        data={"path": str(scifact_subset)},
+        model={"path": str(tiny_model), "max_doc_length": 32, "max_query_length": 16},
+        inference={"shard_size": 1000, "claim_timeout_s": timeout_s, "torch_threads": 1},
+    )
+    config, store = harness.config, harness.store
+    bus = events.EventBus(events.connect(redis_server.url), config.run_id)
+    queue = events.WorkQueue(bus, timeout_s)
+
+    # Checkpoint 0 in the store, one corpus shard queued, as the trainer would do.
+    model = BiEncoder.from_pretrained(tiny_model, config.model)
+    model.save(tmp_path / "ckpt", load_tokenizer(tiny_model))
+    store.put_dir(checkpoint_prefix(0), tmp_path / "ckpt")
+    num_docs = len(validate_ids(harness))
+    bus.set_latest_checkpoint(0)
+    queue.enqueue(0, CORPUS, [(0, num_docs)])
+
+    doomed = subprocess.Popen([sys.executable, "-c", CLAIM_AND_HANG, redis_server.url,
+                               config.run_id, str(timeout_s)], stdout=subprocess.PIPE, text=True)
+    entry_id, shard = doomed.stdout.readline().split()
+    assert queue.pending_count() == 1
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+
+    survivor = harness.spawn("inferencer", "survivor")
+    try:
+        encoded = wait_until(lambda: list(bus.history(events.SHARD_ENCODED)), 60,
+                             "the surviving replica never finished the reclaimed shard")
+    finally:
+        stop(survivor)
+    assert len(encoded) == 1
+    event = encoded[0]
+    assert event.payload["instance"] == "survivor"
+    assert event.payload["attempt"] >= 2, "the item must have been re-delivered, not fresh"
+    assert event.payload["shard"] == int(shard) == 0
+    assert queue.pending_count() == 0, "the reclaimed item must be acknowledged"
+    ids, vectors = unpack_embeddings(store.get_bytes(embedding_key(0, CORPUS, 0)))
+    np.testing.assert_array_equal(ids, np.arange(num_docs))
+    assert vectors.shape == (num_docs, model.dim) and np.isfinite(vectors).all()
+    assert entry_id  # the doomed replica really held an entry of the stream
+
+
+def validate_ids(harness: Harness) -> list[str]:
+    from ance_train.common.data import Corpus, DatasetFiles
+
+    corpus = Corpus(DatasetFiles.resolve(harness.config.data), harness.root / "cache" /
+                    "doc_offsets.npy", harness.config.data.format)
+    return [corpus.doc_id(i) for i in range(len(corpus))]
