@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -34,6 +35,10 @@ def _load(config: Path):
         raise typer.Exit(2) from None
 
 
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @app.command()
 def run(
     config: Annotated[Path, typer.Option("--config", "-c", help="Run configuration (YAML).")],
@@ -45,6 +50,7 @@ def run(
     from .launcher import EmbeddedRun, RunAborted
 
     cfg = _load(config)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         EmbeddedRun(cfg, config, overwrite=overwrite, max_minutes=max_minutes).execute()
     except (DataError, RunAborted) as error:

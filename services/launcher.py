@@ -9,7 +9,6 @@ service failing) stops every child; children also die with the launcher (PDEATHS
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from rich.table import Table
 from .common import events
 from .common.config import RunConfig, dump_config
 from .common.data import validate_dataset
+from .common.process import die_with_parent
 from .common.redis_server import RedisServer, free_port
 from .common.rpc import fetch_status
 from .common.runtime import publish_dataset
@@ -38,14 +38,6 @@ SHOWN_METRICS = ("ndcg@10", "mrr@10", "recall@100")
 
 class RunAborted(RuntimeError):
     pass
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -87,16 +79,23 @@ class EmbeddedRun:
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
-        if self.run_dir.exists() and any(self.run_dir.iterdir()):
-            if not self.overwrite:
-                raise RunAborted(f"run directory {self.run_dir} already exists; pass --overwrite "
-                                 "to replace it or change run_id")
-            shutil.rmtree(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "logs").mkdir(exist_ok=True)
-        with console.status("validating dataset"):
-            self.dataset = validate_dataset(self.config.data, self.run_dir / "cache",
-                                            seed=self.config.training.seed)
+        """Validate everything first: a bad config or dataset never touches an existing run."""
+        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not self.overwrite:
+            raise RunAborted(f"run directory {self.run_dir} already exists; pass --overwrite "
+                             "to replace it or change run_id")
+        staging = self.run_dir.parent / f".{self.config.run_id}.validating"
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            with console.status("validating dataset"):
+                self.dataset = validate_dataset(self.config.data, staging,
+                                                seed=self.config.training.seed)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir.mkdir(parents=True)
+        (self.run_dir / "logs").mkdir()
+        staging.rename(self.run_dir / "cache")
         for warning in self.dataset.warnings:
             console.print(f"[yellow]warning:[/] {warning}")
         console.print(f"dataset: {self.dataset.num_docs} docs, {len(self.dataset.train)} train / "
@@ -121,7 +120,7 @@ class EmbeddedRun:
         with open(log_path, "ab") as log:
             process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=self.env,
-                                       start_new_session=True, preexec_fn=_die_with_parent)
+                                       start_new_session=True, preexec_fn=die_with_parent)
         child = Child(name, role, port, process, log_path)
         self.children.append(child)
         return child

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 from pathlib import Path
 
@@ -23,15 +22,9 @@ from ance_train.common.data import (
     shard_ranges,
     validate_dataset,
 )
+from helpers import scifact_dir
 
-SCIFACT = Path(
-    os.environ.get(
-        "ANCE_SCIFACT_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
-    )
-)
-needs_scifact = pytest.mark.skipif(
-    not (SCIFACT / "corpus.jsonl").is_file(), reason=f"SciFact not found at {SCIFACT}"
-)
+SCIFACT = scifact_dir()  # a missing copy fails the suite loudly, never skips
 
 HEADER = "query-id\tcorpus-id\tscore"
 
@@ -95,7 +88,6 @@ def error_of(root: Path, cache: Path, **overrides: object) -> str:
 # --------------------------------------------------------------------------- SciFact
 
 
-@needs_scifact
 def test_scifact_validates(tmp_path: Path) -> None:
     cfg = DataConfig(path=str(SCIFACT))
     index = validate_dataset(cfg, tmp_path)
@@ -154,7 +146,6 @@ def test_scifact_validates(tmp_path: Path) -> None:
     assert all(index.queries[q] == queries[q] for q in index.queries)
 
 
-@needs_scifact
 def test_scifact_validates_quickly(tmp_path: Path) -> None:
     import time
 
@@ -163,7 +154,6 @@ def test_scifact_validates_quickly(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 2.0
 
 
-@needs_scifact
 def test_scifact_split_is_deterministic_and_capped(tmp_path: Path) -> None:
     a = validate_dataset(DataConfig(path=str(SCIFACT)), tmp_path / "a", seed=1)
     b = validate_dataset(DataConfig(path=str(SCIFACT)), tmp_path / "b", seed=1)

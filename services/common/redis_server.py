@@ -14,6 +14,8 @@ from pathlib import Path
 
 import redis
 
+from .process import die_with_parent
+
 
 def redis_server_binary() -> str:
     found = shutil.which("redis-server")
@@ -52,8 +54,11 @@ class RedisServer:
         if self.password:
             args += ["--requirepass", self.password]
         log = open(self.directory / "redis.log", "ab")  # noqa: SIM115 - owned by the child
+        # Own session: a Ctrl-C in the terminal reaches the launcher, which stops the services
+        # first and Redis last; PDEATHSIG: Redis never outlives the process that started it.
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL)
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=die_with_parent)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
         while True:

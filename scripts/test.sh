@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up, then lint and run the whole test suite (what CI runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+ruff check services tests bench
+python -m pytest -q -p no:cacheprovider "$@"

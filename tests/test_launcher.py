@@ -1,0 +1,105 @@
+"""`ance-train run`: errors before any work, and Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers import write_config
+from service_harness import wait_until
+
+
+def ance(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ance_train.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120, **kwargs)
+
+
+def base_config(root: Path, data: Path, model: Path, **training) -> dict:
+    return {"run_id": "launch", "output_dir": str(root / "runs"),
+            "data": {"path": str(data)},
+            "model": {"path": str(model), "max_query_length": 16, "max_doc_length": 32},
+            "training": {"steps": 100000, "batch_size": 4, "refresh_every": 1000,
+                         "warmup_negatives": "none", "torch_threads": 1, **training},
+            "inference": {"replicas": 2, "shard_size": 100, "torch_threads": 1}}
+
+
+def test_unknown_config_field_fails_before_anything_starts(tmp_path: Path, scifact_subset,
+                                                           tiny_model) -> None:
+    config = base_config(tmp_path, scifact_subset, tiny_model, stpes=3)
+    result = ance("run", "--config", str(write_config(tmp_path / "c.yaml", **config)))
+    assert result.returncode == 2
+    assert "training.stpes" in result.stderr and "unknown field" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_data_keeps_the_previous_run_intact(tmp_path: Path, scifact_subset,
+                                                tiny_model) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        (broken / name).write_text((scifact_subset / name).read_text())
+    (broken / "qrels").mkdir()
+    rows = (scifact_subset / "qrels" / "train.tsv").read_text().splitlines()
+    (broken / "qrels" / "train.tsv").write_text("\n".join([*rows[:3], "q-x\tnope\t1"]) + "\n")
+    previous = tmp_path / "runs" / "launch"
+    previous.mkdir(parents=True)
+    (previous / "precious.txt").write_text("results of an earlier run")
+
+    config = base_config(tmp_path, broken, tiny_model)
+    result = ance("run", "--config", str(write_config(tmp_path / "c.yaml", **config)),
+                  "--overwrite")
+    assert result.returncode == 1
+    assert "train.tsv line 4" in result.stderr
+    assert (previous / "precious.txt").read_text() == "results of an earlier run"
+
+    config = base_config(tmp_path, scifact_subset, tiny_model)
+    result = ance("run", "--config", str(write_config(tmp_path / "c.yaml", **config)))
+    assert result.returncode == 1 and "already exists" in result.stderr
+    assert (previous / "precious.txt").exists()
+
+
+def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
+                                              tiny_model) -> None:
+    config_path = write_config(tmp_path / "c.yaml",
+                               **base_config(tmp_path, scifact_subset, tiny_model))
+    run_dir = tmp_path / "runs" / "launch"
+    launcher = subprocess.Popen([sys.executable, "-m", "ance_train.cli", "run", "--config",
+                                 str(config_path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+
+    def all_services_up() -> bool:
+        reply = ance("status", "--config", str(config_path), "--json")
+        rows = json.loads(reply.stdout) if reply.returncode == 0 else []
+        return len(rows) == 4 and all(r["state"] != "unreachable" for r in rows)
+
+    wait_until(all_services_up, 90, "services did not come up", interval_s=0.5)
+    port = json.loads((run_dir / "endpoints.json").read_text())["redis_url"].rsplit(":", 1)[1]
+    redis_marker = f"127.0.0.1:{port.split('/')[0]}"  # redis-server rewrites its title
+    children = _processes_mentioning(str(run_dir)) + _processes_mentioning(redis_marker)
+    assert len(children) == 5, children  # redis + trainer + indexer + 2 inferencers
+    launcher.send_signal(signal.SIGINT)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, stderr
+    assert "all services stopped" in stderr
+    time.sleep(0.5)
+    assert _processes_mentioning(str(run_dir)) == [], "orphan services after Ctrl-C"
+    assert _processes_mentioning(redis_marker) == [], "redis-server left running after Ctrl-C"
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmdline[:120]}")
+    return found
