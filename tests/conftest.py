@@ -6,11 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import make_scifact_subset, make_tiny_bert
-from servers import moto_server
 
 from ance_train.common import events
 from ance_train.common.redis_server import RedisServer
+
+from helpers import make_scifact_subset, make_tiny_bert
+from servers import moto_server
 
 
 @pytest.fixture

@@ -57,7 +57,7 @@ def make_scifact_subset(directory: Path, max_docs: int = 300, max_queries: int =
         rows = (source / "qrels" / f"{split}.tsv").read_text().splitlines()
         by_query: dict[str, list[str]] = {}
         for row in rows[1:]:
-            qid, did, _ = row.split("\t")
+            qid = row.split("\t")[0]
             by_query.setdefault(qid, []).append(row)
         lines = [rows[0]]
         taken = 0

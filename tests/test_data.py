@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from ance_train.common.config import DataConfig
 from ance_train.common.data import (
     MAX_ERRORS,
@@ -22,6 +23,7 @@ from ance_train.common.data import (
     shard_ranges,
     validate_dataset,
 )
+
 from helpers import scifact_dir
 
 SCIFACT = scifact_dir()  # a missing copy fails the suite loudly, never skips

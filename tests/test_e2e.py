@@ -7,6 +7,7 @@ index refreshes; the assertions read back what the services wrote to the store.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -16,8 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import write_config
-from service_harness import wait_until
 
 from ance_train.common.config import load_config
 from ance_train.common.data import load_dataset_index
@@ -30,6 +29,8 @@ from ance_train.common.refresh import (
     unpack_embeddings,
 )
 from ance_train.common.storage import store_from_env
+
+from helpers import write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -137,7 +138,7 @@ def test_negatives_never_contain_a_positive_and_change_between_refreshes(finishe
         for qid, row in zip(table.query_ids, table.candidates, strict=True):
             positives = set(dataset.train[str(qid)])
             assert not positives & set(row[row != PAD].tolist()), (table.step, qid)
-    for older, newer in zip(tables, tables[1:], strict=False):
+    for older, newer in itertools.pairwise(tables):
         assert not np.array_equal(older.candidates, newer.candidates), (older.step, newer.step)
 
 

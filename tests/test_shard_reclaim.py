@@ -13,11 +13,12 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from service_harness import Harness, stop, wait_until
 
 from ance_train.common import events
 from ance_train.common.model import BiEncoder, load_tokenizer
 from ance_train.common.refresh import CORPUS, checkpoint_prefix, embedding_key, unpack_embeddings
+
+from service_harness import Harness, stop, wait_until
 
 CLAIM_AND_HANG = textwrap.dedent("""
     import sys, time

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from ance_train.common import storage
 from ance_train.common.storage import (
     MANIFEST_NAME,
@@ -25,6 +26,7 @@ from ance_train.common.storage import (
     StorageError,
     store_from_env,
 )
+
 from servers import free_port, moto_server
 
 StoreFactory = Callable[[str], ObjectStore]

@@ -165,8 +165,8 @@ def parse_config(raw: dict, source: str = "<dict>") -> RunConfig:
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate a YAML run configuration.
 
-    Relative ``data.path`` / ``model.path`` / ``output_dir`` are resolved against the
-    directory of the file, so a config works from any working directory.
+    Relative ``data.path`` / ``model.path`` / ``output_dir`` (default ``runs``) are resolved
+    against the directory of the file, so a config works from any working directory.
     """
     path = Path(path)
     try:
@@ -186,8 +186,9 @@ def load_config(path: str | Path) -> RunConfig:
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("path"), str):
         model["path"] = str((base / model["path"]).resolve())
-    if isinstance(raw.get("output_dir"), str):
-        raw["output_dir"] = str((base / raw["output_dir"]).resolve())
+    output_dir = raw.get("output_dir", RunConfig.model_fields["output_dir"].default)
+    if isinstance(output_dir, str):
+        raw["output_dir"] = str((base / output_dir).resolve())
     return parse_config(raw, str(path))
 
 

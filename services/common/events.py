@@ -177,14 +177,20 @@ class WorkQueue:
         """Take one item: a timed-out item of a dead replica first, else a new one."""
         self.bus.ensure_group(WORK_QUEUE, self.GROUP)
         client = self.bus.client
-        reclaimed = client.xautoclaim(self.stream, self.GROUP, consumer,
-                                      min_idle_time=self.claim_timeout_ms, start_id="0-0", count=1)
-        entries = reclaimed[1] if reclaimed else []
-        if entries:
-            entry_id, fields = entries[0]
-            if fields:  # a deleted entry comes back as (id, None)
-                return self._item(entry_id, fields, attempt=self._deliveries(entry_id))
-            client.xack(self.stream, self.GROUP, entry_id)
+        # XAUTOCLAIM scans a bounded number of pending entries per call: follow its cursor
+        # through the whole pending list so an item behind many live ones is still found.
+        cursor = "0-0"
+        while True:
+            next_cursor, entries, *_ = client.xautoclaim(
+                self.stream, self.GROUP, consumer, min_idle_time=self.claim_timeout_ms,
+                start_id=cursor, count=1)
+            for entry_id, fields in entries:
+                if fields:  # a deleted entry comes back without fields
+                    return self._item(entry_id, fields, attempt=self._deliveries(entry_id))
+                client.xack(self.stream, self.GROUP, entry_id)
+            if next_cursor in ("0-0", b"0-0"):
+                break
+            cursor = next_cursor
         reply = client.xreadgroup(self.GROUP, consumer, {self.stream: ">"}, count=1,
                                   block=_block(block_ms))
         fresh = _entries(reply)

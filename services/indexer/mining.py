@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bm25s
 import numpy as np
+
 from ance_train.common.data import Corpus, DatasetIndex
 from ance_train.common.negatives import (
     PAD,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+
 from ance_train.common.checkpoint_cache import ModelCache
 from ance_train.common.data import Corpus
 from ance_train.common.encoding import encode_texts

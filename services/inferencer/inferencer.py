@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import torch
+
 from ance_train.common import events
 from ance_train.common.checkpoint_cache import ModelCache
 from ance_train.common.encoding import encode_texts

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from ance_train.common.data import DatasetIndex
 from ance_train.common.negatives import NegativesTable
 
@@ -38,15 +39,24 @@ class BatchBuilder:
         self.cursor = 0
 
     def _next_queries(self) -> list[str]:
+        """The next ``batch_size`` distinct queries; every query once per epoch.
+
+        When a batch straddles two epochs and the new epoch's next query is already in the
+        batch, it is swapped with a later one of the new epoch rather than dropped, so it
+        keeps its turn.
+        """
         picked: list[str] = []
         while len(picked) < self.batch_size:
             if self.cursor >= len(self.epoch_order):
                 self.epoch_order = list(self.rng.permutation(self.order))
                 self.cursor = 0
-            candidate = self.epoch_order[self.cursor]
+            order = self.epoch_order
+            if order[self.cursor] in picked:
+                later = next(k for k in range(self.cursor + 1, len(order))
+                             if order[k] not in picked)
+                order[self.cursor], order[later] = order[later], order[self.cursor]
+            picked.append(order[self.cursor])
             self.cursor += 1
-            if candidate not in picked:
-                picked.append(candidate)
         return picked
 
     def build(self, table: NegativesTable | None) -> TrainingBatch:

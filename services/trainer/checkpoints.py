@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
 from ance_train.common import events
 from ance_train.common.data import DatasetIndex
 from ance_train.common.model import BiEncoder

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from transformers import get_linear_schedule_with_warmup
+
 from ance_train.common import events
 from ance_train.common.model import BiEncoder, load_tokenizer
 from ance_train.common.runtime import ServiceContext
-from transformers import get_linear_schedule_with_warmup
 
 from .batches import BatchBuilder
 from .checkpoints import CheckpointPublisher

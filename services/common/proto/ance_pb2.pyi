@@ -1,10 +1,8 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -13,24 +11,24 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("done", "phase", "total")
+    __slots__ = ("phase", "done", "total")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     phase: str
     done: int
     total: int
-    def __init__(self, phase: str | None = ..., done: int | None = ..., total: int | None = ...) -> None: ...
+    def __init__(self, phase: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("checkpoint_step", "index_step", "instance", "message", "metrics", "progress", "role", "run_id", "state", "step")
+    __slots__ = ("role", "run_id", "instance", "step", "checkpoint_step", "index_step", "progress", "metrics", "state", "message")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: float
-        def __init__(self, key: str | None = ..., value: float | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
@@ -51,23 +49,23 @@ class StatusReply(_message.Message):
     metrics: _containers.ScalarMap[str, float]
     state: str
     message: str
-    def __init__(self, role: str | None = ..., run_id: str | None = ..., instance: str | None = ..., step: int | None = ..., checkpoint_step: int | None = ..., index_step: int | None = ..., progress: Progress | _Mapping | None = ..., metrics: _Mapping[str, float] | None = ..., state: str | None = ..., message: str | None = ...) -> None: ...
+    def __init__(self, role: _Optional[str] = ..., run_id: _Optional[str] = ..., instance: _Optional[str] = ..., step: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., index_step: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., state: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values",)
     VALUES_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, values: _Iterable[float] | None = ...) -> None: ...
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("embeddings", "k", "queries")
+    __slots__ = ("queries", "embeddings", "k")
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     queries: _containers.RepeatedScalarFieldContainer[str]
     embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
     k: int
-    def __init__(self, queries: _Iterable[str] | None = ..., embeddings: _Iterable[Embedding | _Mapping] | None = ..., k: int | None = ...) -> None: ...
+    def __init__(self, queries: _Optional[_Iterable[str]] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., k: _Optional[int] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("doc_id", "score")
@@ -75,13 +73,13 @@ class Hit(_message.Message):
     SCORE_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     score: float
-    def __init__(self, doc_id: str | None = ..., score: float | None = ...) -> None: ...
+    def __init__(self, doc_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class Hits(_message.Message):
     __slots__ = ("hits",)
     HITS_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[Hit]
-    def __init__(self, hits: _Iterable[Hit | _Mapping] | None = ...) -> None: ...
+    def __init__(self, hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ...) -> None: ...
 
 class SearchReply(_message.Message):
     __slots__ = ("index_step", "results")
@@ -89,4 +87,4 @@ class SearchReply(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     index_step: int
     results: _containers.RepeatedCompositeFieldContainer[Hits]
-    def __init__(self, index_step: int | None = ..., results: _Iterable[Hits | _Mapping] | None = ...) -> None: ...
+    def __init__(self, index_step: _Optional[int] = ..., results: _Optional[_Iterable[_Union[Hits, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,192 @@
+"""Tests of the run configuration (services/common/config.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ance_train.common.config import (
+    ConfigError,
+    RunConfig,
+    default_model_path,
+    dump_config,
+    load_config,
+    parse_config,
+)
+
+from helpers import write_config
+
+
+def _load_error(path: Path) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return str(info.value)
+
+
+def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
+    data = tmp_path / "dataset"
+    data.mkdir()
+    cfg = load_config(write_config(tmp_path / "run.yaml", data={"path": str(data)}))
+    assert isinstance(cfg, RunConfig)
+    assert cfg.data.path == str(data)
+    assert cfg.data.format == "beir"
+    assert cfg.data.dev_fraction == 0.1
+    assert cfg.run_id == "ance-run"
+    assert cfg.model.path == default_model_path()
+    assert cfg.model.pooling == "mean"
+    assert cfg.model.projection_dim is None
+    assert cfg.model.similarity == "dot"
+    assert cfg.model.temperature == 1.0
+    assert cfg.training.steps == 1000
+    assert cfg.training.batch_size == 16
+    assert cfg.training.negatives_per_query == 1
+    assert cfg.training.in_batch_negatives is True
+    assert cfg.training.warmup_negatives == "bm25"
+    assert cfg.inference.replicas == 2
+    assert cfg.index.top_k == 200
+    assert cfg.index.bm25_top_k == 100
+    assert cfg.index.eval_splits == ["dev", "test"]
+    assert cfg.services.trainer_port == 0
+
+
+def test_unknown_field_is_named(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.yaml", data={"path": "d"}, training={"stpes": 10})
+    message = _load_error(path)
+    assert "training.stpes" in message
+    assert "unknown field" in message
+    assert str(path) in message
+
+
+def test_unknown_top_level_field_is_named(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.yaml", data={"path": "d"}, trainig={"steps": 10})
+    message = _load_error(path)
+    assert "trainig" in message and "unknown field" in message
+
+
+@pytest.mark.parametrize(
+    ("sections", "field"),
+    [
+        ({"training": {"steps": -5}}, "training.steps"),
+        ({"training": {"steps": 0}}, "training.steps"),
+        ({"training": {"negatives_per_query": 300}}, "training.negatives_per_query"),
+        ({"training": {"negatives_per_query": 11}, "index": {"top_k": 10}},
+         "training.negatives_per_query"),
+        ({"model": {"pooling": "max"}}, "model.pooling"),
+        ({"model": {"temperature": 0}}, "model.temperature"),
+        ({"inference": {"claim_timeout_s": -1}}, "inference.claim_timeout_s"),
+        ({"data": {"path": "d", "dev_fraction": 1.0}}, "data.dev_fraction"),
+        ({"run_id": "My-Run"}, "run_id"),
+        ({"run_id": "-leading-dash"}, "run_id"),
+    ],
+)
+def test_impossible_values_name_the_field(tmp_path: Path, sections: dict, field: str) -> None:
+    raw = {"data": {"path": "d"}, **sections}
+    path = write_config(tmp_path / "run.yaml", **raw)
+    message = _load_error(path)
+    assert field in message, message
+    assert str(path) in message
+
+
+def test_no_negatives_at_all_is_rejected(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.yaml", data={"path": "d"},
+                        training={"negatives_per_query": 0, "in_batch_negatives": False})
+    message = _load_error(path)
+    assert "negatives_per_query" in message and "in_batch_negatives" in message
+
+
+def test_every_bad_field_is_listed(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.yaml", data={"path": "d"},
+                        training={"steps": -1, "batch_size": 0}, model={"pooling": "max"})
+    message = _load_error(path)
+    for field in ("training.steps", "training.batch_size", "model.pooling"):
+        assert field in message
+
+
+def test_missing_data_section_is_named(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.yaml", training={"steps": 10})
+    message = _load_error(path)
+    assert "data" in message and "required" in message.lower()
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "", "42\n"])
+def test_non_mapping_yaml_names_the_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "weird.yaml"
+    path.write_text(text)
+    message = _load_error(path)
+    assert str(path) in message
+    assert "mapping" in message
+
+
+def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("data:\n  path: [unclosed\ntraining: {steps: 3\n")
+    message = _load_error(path)
+    assert str(path) in message
+    assert "YAML" in message
+
+
+def test_missing_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    message = _load_error(path)
+    assert str(path) in message
+
+
+def test_relative_paths_resolve_against_the_config_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_dir = tmp_path / "configs" / "nested"
+    config_dir.mkdir(parents=True)
+    path = write_config(config_dir / "run.yaml", output_dir="../out",
+                        data={"path": "../data/scifact"}, model={"path": "models/tiny"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(path)
+    assert cfg.data.path == str(tmp_path / "configs" / "data" / "scifact")
+    assert cfg.model.path == str(config_dir / "models" / "tiny")
+    assert cfg.output_dir == str(tmp_path / "configs" / "out")
+    # The same file loaded through a relative path gives the same result.
+    monkeypatch.chdir(tmp_path)
+    assert load_config(Path("configs/nested/run.yaml")) == cfg
+
+
+def test_absolute_data_path_is_kept(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.yaml", data={"path": "/srv/datasets/msmarco",
+                                                     "format": "msmarco"})
+    assert load_config(path).data.path == "/srv/datasets/msmarco"
+
+
+def test_dump_and_parse_round_trip(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path / "run.yaml",
+        run_id="round-trip-1",
+        output_dir="out",
+        data={"path": "data", "max_train_queries": 50, "dev_fraction": 0.2},
+        model={"pooling": "cls", "projection_dim": 24, "similarity": "cosine",
+               "temperature": 0.05},
+        training={"steps": 7, "negatives_per_query": 3, "mixed_precision": "off"},
+        inference={"replicas": 3, "claim_timeout_s": 2.5},
+        index={"top_k": 20, "eval_splits": ["test"]},
+        services={"indexer_port": 50051},
+    )
+    cfg = load_config(path)
+    text = dump_config(cfg)
+    again = parse_config(yaml.safe_load(text))
+    assert again == cfg
+    assert again.model.projection_dim == 24
+    assert again.index.eval_splits == ["test"]
+    assert dump_config(again) == text
+    # Written to a file elsewhere and loaded back: the resolved paths are absolute and stay put.
+    copy = tmp_path / "elsewhere" / "copy.yaml"
+    copy.parent.mkdir()
+    copy.write_text(text)
+    assert load_config(copy) == cfg
+
+
+def test_parse_config_error_names_source() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"data": {"path": "d"}, "index": {"top_k": 0}}, source="configmap")
+    assert "configmap" in str(info.value)
+    assert "index.top_k" in str(info.value)

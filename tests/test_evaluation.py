@@ -1,0 +1,65 @@
+"""Tests of the retrieval metrics (services/common/evaluation.py) against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ance_train.common.evaluation import evaluate
+
+LOG2_3 = math.log2(3)
+
+QRELS = {
+    "q1": {"d1": 1, "d3": 1},
+    "q2": {"d5": 1, "d8": 1},
+    "q3": {"r": 1},
+}
+RUN = {
+    # Relevant at ranks 1 and 3 (d2 is not judged).
+    "q1": {"d1": 3.0, "d2": 2.0, "d3": 1.0},
+    # One of two relevant documents, at rank 3.
+    "q2": {"d4": 5.0, "d6": 4.0, "d5": 3.0},
+    # The relevant document at rank 11: outside every @10 cutoff, inside @100.
+    "q3": {**{f"n{i}": 20.0 - i for i in range(10)}, "r": 1.0},
+}
+
+
+def test_hand_example() -> None:
+    metrics = evaluate(RUN, QRELS)
+    assert set(metrics) == {"ndcg@10", "mrr@10", "recall@100", "recall@1000"}
+    # q1: DCG = 1/log2(2) + 1/log2(4) = 1.5; ideal = 1 + 1/log2(3).
+    ndcg_q1 = 1.5 / (1 + 1 / LOG2_3)
+    # q2: DCG = 1/log2(4) = 0.5; ideal (two relevant) = 1 + 1/log2(3).
+    ndcg_q2 = 0.5 / (1 + 1 / LOG2_3)
+    # q3: nothing relevant in the top 10.
+    assert metrics["ndcg@10"] == pytest.approx((ndcg_q1 + ndcg_q2 + 0.0) / 3, abs=1e-6)
+    assert metrics["mrr@10"] == pytest.approx((1.0 + 1 / 3 + 0.0) / 3, abs=1e-6)
+    assert metrics["recall@100"] == pytest.approx((1.0 + 0.5 + 1.0) / 3, abs=1e-6)
+    assert metrics["recall@1000"] == pytest.approx((1.0 + 0.5 + 1.0) / 3, abs=1e-6)
+
+
+def test_single_query_values() -> None:
+    metrics = evaluate({"q1": RUN["q1"]}, {"q1": QRELS["q1"]})
+    assert metrics["ndcg@10"] == pytest.approx(0.919721, abs=1e-6)  # 1.5 / 1.630930
+    assert metrics["mrr@10"] == pytest.approx(1.0)
+    assert metrics["recall@100"] == pytest.approx(1.0)
+
+
+def test_query_missing_from_run_scores_zero() -> None:
+    qrels = {"q1": QRELS["q1"], "missing": {"x": 1}, "empty": {"y": 1}}
+    run = {"q1": RUN["q1"], "empty": {}, "not-judged": {"x": 9.0}}
+    metrics = evaluate(run, qrels)
+    ndcg_q1 = 1.5 / (1 + 1 / LOG2_3)
+    # Mean over the three judged queries; the two without a run count as 0.
+    assert metrics["ndcg@10"] == pytest.approx(ndcg_q1 / 3, abs=1e-6)
+    assert metrics["mrr@10"] == pytest.approx(1 / 3, abs=1e-6)
+    assert metrics["recall@100"] == pytest.approx(1 / 3, abs=1e-6)
+    only_missing = evaluate({}, {"missing": {"x": 1}})
+    assert only_missing == {"ndcg@10": 0.0, "mrr@10": 0.0, "recall@100": 0.0,
+                            "recall@1000": 0.0}
+
+
+def test_empty_qrels_returns_empty_dict() -> None:
+    assert evaluate(RUN, {}) == {}
+    assert evaluate({}, {}) == {}
