@@ -32,7 +32,8 @@ from .common.rpc import fetch_status
 from .common.runtime import publish_dataset
 from .common.storage import store_from_env
 
-console = Console()
+# Logs and CI are not terminals: keep the metrics table readable there too.
+console = Console(width=None if sys.stdout.isatty() else 150)
 SHOWN_METRICS = ("ndcg@10", "mrr@10", "recall@100")
 
 

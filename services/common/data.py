@@ -19,17 +19,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
-import tempfile
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from .atomic import atomic_write
 from .config import DataConfig
 
 logger = logging.getLogger(__name__)
@@ -650,21 +649,6 @@ def _split_train(train: Qrels, cfg: DataConfig, seed: int) -> tuple[Qrels, Qrels
     )
 
 
-def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write through ``write(handle)`` to a temporary file, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def validate_dataset(cfg: DataConfig, cache_dir: str | Path, seed: int = 42) -> DatasetIndex:
     """Validate the dataset of ``cfg``, write ``doc_offsets.npy`` and ``dataset.json`` to
     ``cache_dir`` (atomically, only on success) and return the index.
@@ -739,9 +723,9 @@ def validate_dataset(cfg: DataConfig, cache_dir: str | Path, seed: int = 42) -> 
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     offsets = np.frombuffer(scan.offsets, dtype=np.int64)
-    _write_atomic(cache / OFFSETS_FILE, lambda handle: np.save(handle, offsets))
+    atomic_write(cache / OFFSETS_FILE, lambda handle: np.save(handle, offsets))
     payload = index.to_json().encode("utf-8")
-    _write_atomic(cache / INDEX_FILE, lambda handle: handle.write(payload))
+    atomic_write(cache / INDEX_FILE, lambda handle: handle.write(payload))
     return index
 
 

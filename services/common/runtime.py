@@ -117,3 +117,14 @@ class ServiceContext:
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+
+    def serve(self, main: Callable[[], object],
+              add_servicers: Callable[[grpc.Server], None] | None = None) -> int:
+        """Run a service: signals, gRPC server, then ``main`` until it returns or is stopped."""
+        self.install_signal_handlers()
+        self.start_server(add_servicers)
+        try:
+            main()
+        finally:
+            self.close()
+        return 0

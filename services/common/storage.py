@@ -58,6 +58,8 @@ __all__ = [
     "validate_key",
 ]
 
+from .atomic import atomic_write
+
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "MANIFEST.json"
@@ -169,23 +171,6 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _atomic_write(path: Path, writer: Callable[[IO[bytes]], Any]) -> None:
-    """Write ``path`` via a temp file in the same directory, fsync, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_MARKER)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            writer(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------- base class
@@ -401,8 +386,9 @@ class LocalStore(ObjectStore):
         with self._errors("put", key):
             # Drop the old checksum first: while the data is replaced the object is absent.
             sidecar.unlink(missing_ok=True)
-            _atomic_write(path, write_data)
-            _atomic_write(sidecar, lambda f: f.write(sha.encode("ascii") + b"\n"))
+            atomic_write(path, write_data, suffix=_TMP_MARKER)
+            atomic_write(sidecar, lambda f: f.write(sha.encode("ascii") + b"\n"),
+                         suffix=_TMP_MARKER)
             _fsync_dir(path.parent)
 
     def put_bytes(self, key: str, data: bytes) -> str:
@@ -428,9 +414,10 @@ class LocalStore(ObjectStore):
             sidecar = self._sidecar(dst)
             with self._errors("put", key):
                 sidecar.unlink(missing_ok=True)
-                _atomic_write(dst, copy)
+                atomic_write(dst, copy, suffix=_TMP_MARKER)
                 sha = h.hexdigest()
-                _atomic_write(sidecar, lambda f: f.write(sha.encode("ascii") + b"\n"))
+                atomic_write(sidecar, lambda f: f.write(sha.encode("ascii") + b"\n"),
+                         suffix=_TMP_MARKER)
                 _fsync_dir(dst.parent)
         return sha
 

@@ -220,11 +220,5 @@ class Indexer:
 
 
 def serve(ctx: ServiceContext) -> int:
-    ctx.install_signal_handlers()
     indexer = Indexer(ctx)
-    ctx.start_server(indexer.search.add_to_server)
-    try:
-        indexer.run()
-    finally:
-        ctx.close()
-    return 0
+    return ctx.serve(indexer.run, indexer.search.add_to_server)

@@ -131,12 +131,4 @@ class Inferencer:
 
 
 def serve(ctx: ServiceContext) -> int:
-    ctx.install_signal_handlers()
-    ctx.start_server()
-    try:
-        Inferencer(ctx).run()
-    finally:
-        ctx.close()
-    return 0
-
-
+    return ctx.serve(Inferencer(ctx).run)

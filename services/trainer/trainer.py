@@ -195,10 +195,4 @@ def _jsonable(value: object) -> object:
 
 
 def serve(ctx: ServiceContext) -> int:
-    ctx.install_signal_handlers()
-    ctx.start_server()
-    try:
-        Trainer(ctx).run()
-    finally:
-        ctx.close()
-    return 0
+    return ctx.serve(Trainer(ctx).run)
