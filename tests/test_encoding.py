@@ -1,0 +1,132 @@
+"""encode_texts: order, padding-independence, batching variants (tiny random BERT, CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+from ance_train.common.config import default_model_path
+from ance_train.common.encoding import encode_texts, plan_batches
+from ance_train.common.model import BiEncoder, load_tokenizer
+
+TEXTS = [
+    "Dense retrieval with approximate nearest neighbour negatives.",
+    "short",
+    "",
+    "A considerably longer document about cerebral white matter, diffusion tensor imaging, "
+    "and the microstructural development of the newborn human brain assessed in vivo.",
+    "Vitamin D deficiency and bone density.",
+    "short",
+    "Hard negatives mined from an asynchronously refreshed index improve training.",
+]
+MAX_LENGTH = 24  # below the longest text, so truncation is exercised
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(default_model_path())
+
+
+def tiny_bi_encoder(tokenizer, similarity: str = "dot", pooling: str = "mean") -> BiEncoder:
+    """A 2-layer, 32-wide randomly initialised BERT sharing the MiniLM vocabulary."""
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return BiEncoder(BertModel(config), pooling=pooling, similarity=similarity).eval()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return tiny_bi_encoder(tokenizer)
+
+
+def one_by_one(model, tokenizer, texts) -> np.ndarray:
+    """Each text encoded alone, unpadded: the reference for padding effects."""
+    rows = []
+    model.eval()
+    for text in texts:
+        enc = tokenizer(text, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+        with torch.inference_mode():
+            rows.append(model(enc["input_ids"], enc["attention_mask"])[0].numpy())
+    return np.stack(rows)
+
+
+def test_shape_and_dtype(model, tokenizer):
+    out = encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=4)
+    assert out.shape == (len(TEXTS), model.dim)
+    assert out.dtype == np.float32
+    assert np.isfinite(out).all()
+
+
+def test_empty_input(model, tokenizer):
+    out = encode_texts(model, tokenizer, [], MAX_LENGTH)
+    assert out.shape == (0, model.dim) and out.dtype == np.float32
+
+
+def test_order_preserved(model, tokenizer):
+    forward = encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=3)
+    backward = encode_texts(model, tokenizer, TEXTS[::-1], MAX_LENGTH, batch_size=3)
+    np.testing.assert_allclose(backward, forward[::-1], atol=1e-5)
+    # Identical texts get identical rows.
+    np.testing.assert_allclose(forward[1], forward[5], atol=1e-6)
+
+
+def test_equals_encoding_each_text_alone(model, tokenizer):
+    expected = one_by_one(model, tokenizer, TEXTS)
+    out = encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=64)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_cls_pooling_unaffected_by_padding(tokenizer):
+    cls_model = tiny_bi_encoder(tokenizer, pooling="cls")
+    expected = one_by_one(cls_model, tokenizer, TEXTS)
+    out = encode_texts(cls_model, tokenizer, TEXTS, MAX_LENGTH, batch_size=64)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_cosine_rows_have_unit_norm(tokenizer):
+    cosine = tiny_bi_encoder(tokenizer, similarity="cosine")
+    out = encode_texts(cosine, tokenizer, TEXTS, MAX_LENGTH)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "max_tokens"), [(1, None), (2, None), (64, 30), (64, 1), (5, 50)]
+)
+def test_batching_variants_agree(model, tokenizer, batch_size, max_tokens):
+    reference = encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=64)
+    out = encode_texts(
+        model, tokenizer, TEXTS, MAX_LENGTH, batch_size=batch_size, max_tokens_per_batch=max_tokens
+    )
+    np.testing.assert_allclose(out, reference, atol=1e-5)
+
+
+def test_progress_and_mode_restored(model, tokenizer):
+    seen: list[int] = []
+    model.train()
+    encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=3, progress=seen.append)
+    assert sum(seen) == len(TEXTS) and len(seen) == 3
+    assert model.training
+    model.eval()
+
+
+def test_plan_batches():
+    lengths = [3, 10, 7, 10, 1, 5]
+    batches = plan_batches(lengths, batch_size=2)
+    assert batches == [[1, 3], [2, 5], [0, 4]]  # longest first, stable on ties
+    capped = plan_batches(lengths, batch_size=64, max_tokens_per_batch=20)
+    assert capped == [[1, 3], [2, 5], [0, 4]]
+    assert all(lengths[b[0]] * len(b) <= 20 for b in capped)
+    singletons = plan_batches(lengths, batch_size=64, max_tokens_per_batch=5)
+    assert singletons == [[1], [3], [2], [5], [0], [4]]  # a text over the cap gets its own batch
+    assert sorted(i for b in plan_batches(lengths, 4, 12) for i in b) == list(range(6))
+    with pytest.raises(ValueError):
+        plan_batches(lengths, batch_size=0)
