@@ -35,6 +35,22 @@ def _load(config: Path):
         raise typer.Exit(2) from None
 
 
+def _connect_run(config: Path | None, redis_url: str | None, run_id: str | None):
+    """The event bus of a run, from an embedded run's config or explicit endpoints."""
+    from .common import events
+
+    if config is not None:
+        cfg = _load(config)
+        run_id = run_id or cfg.run_id
+        endpoints = Path(cfg.output_dir) / cfg.run_id / "endpoints.json"
+        if redis_url is None and endpoints.is_file():
+            redis_url = json.loads(endpoints.read_text())["redis_url"]
+    if redis_url is None or run_id is None:
+        err.print("[red]error:[/] give --config of an embedded run, or --redis-url and --run-id")
+        raise typer.Exit(2)
+    return events.EventBus(events.connect(redis_url), run_id), run_id
+
+
 def _raise_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -121,19 +137,9 @@ def status(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Print the state of a run, asked of every registered service over gRPC."""
-    from .common import events
     from .common.rpc import fetch_status
 
-    if config is not None:
-        cfg = _load(config)
-        run_id = run_id or cfg.run_id
-        endpoints = Path(cfg.output_dir) / cfg.run_id / "endpoints.json"
-        if redis_url is None and endpoints.is_file():
-            redis_url = json.loads(endpoints.read_text())["redis_url"]
-    if redis_url is None or run_id is None:
-        err.print("[red]error:[/] give --config of an embedded run, or --redis-url and --run-id")
-        raise typer.Exit(2)
-    bus = events.EventBus(events.connect(redis_url), run_id)
+    bus, run_id = _connect_run(config, redis_url, run_id)
     rows = []
     for name, address in bus.services().items():
         try:
@@ -161,6 +167,42 @@ def status(
     if not rows:
         err.print("no service of this run is registered (not started, or stopped)")
         raise typer.Exit(1)
+
+
+@app.command()
+def search(
+    query: Annotated[list[str], typer.Argument(help="Query text(s).")],
+    config: Annotated[Path | None, typer.Option("--config", "-c")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="ANCE_REDIS_URL")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", envvar="ANCE_RUN_ID")] = None,
+    k: Annotated[int, typer.Option("-k", help="Hits per query.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Search the latest index of a running run (the indexer's Retrieval.Search)."""
+    import grpc
+
+    from .common.rpc import search as search_rpc
+
+    bus, _ = _connect_run(config, redis_url, run_id)
+    address = next((a for name, a in bus.services().items() if name.startswith("indexer:")),
+                   None)
+    if address is None:
+        err.print("[red]error:[/] no indexer of this run is registered")
+        raise typer.Exit(1)
+    try:
+        reply = search_rpc(address, queries=list(query), k=k)
+    except grpc.RpcError as error:
+        err.print(f"[red]error:[/] {error.code().name}: {error.details()}")
+        raise typer.Exit(1) from None
+    results = [[{"doc_id": h.doc_id, "score": h.score} for h in hits.hits]
+               for hits in reply.results]
+    if as_json:
+        print(json.dumps({"index_step": reply.index_step, "results": results}))
+        return
+    for text, hits in zip(query, results, strict=True):
+        console.print(f"[bold]{text}[/] (index of checkpoint {reply.index_step})")
+        for rank, hit in enumerate(hits, 1):
+            console.print(f"  {rank:>3}. {hit['doc_id']}  {hit['score']:.4f}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from ance_train.common.refresh import (
 from ance_train.common.storage import store_from_env
 
 from helpers import write_config
+from service_harness import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -55,6 +56,7 @@ def finished_run(tmp_path_factory, s3_env, tiny_model, scifact_subset):
          "--max-minutes", "8"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     statuses = poll_status_while_running(process, config_path, env)
+    searches = search_while_running(process, config_path, env, statuses)
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output
     config = load_config(config_path)
@@ -62,6 +64,7 @@ def finished_run(tmp_path_factory, s3_env, tiny_model, scifact_subset):
         store = store_from_env(config.run_id)
     run_dir = root / "runs" / "e2e"
     return {"config": config, "store": store, "output": output, "statuses": statuses,
+            "searches": searches,
             "run_dir": run_dir, "dataset": load_dataset_index(run_dir / "cache"),
             "summary": json.loads((run_dir / "summary.json").read_text())}
 
@@ -79,6 +82,32 @@ def poll_status_while_running(process, config_path: Path, env: dict) -> list[dic
                 return rows
         time.sleep(0.5)
     return []
+
+
+def search_while_running(process, config_path: Path, env: dict, statuses: list[dict]) -> dict:
+    """Query the live indexer once it serves an index: CLI by text, gRPC by embedding."""
+    import grpc
+
+    from ance_train.common.rpc import fetch_status, search
+
+    address = next(r["address"] for r in statuses if r["service"].startswith("indexer:"))
+    wait_until(lambda: process.poll() is None and fetch_status(address).index_step >= 0, 120,
+               "the indexer never served an index while the run was going on")
+    cli = subprocess.run([sys.executable, "-m", "ance_train.cli", "search", "--config",
+                          str(config_path), "--json", "-k", "5", "vitamin D and bone density"],
+                         capture_output=True, text=True, env=env)
+    found = {"cli": cli}
+    dim = 32  # hidden size of the tiny BERT (helpers.make_tiny_bert)
+    reply = search(address, embeddings=[[1.0] * dim, [0.0] * (dim - 1) + [1.0]], k=3)
+    found["by_embedding"] = reply
+    for bad in ({"embeddings": [[1.0] * (dim + 1)], "k": 3}, {"queries": ["x"], "k": 0},
+                {"queries": ["x"], "k": 100001}, {}):
+        try:
+            search(address, **bad)
+            found.setdefault("accepted_bad", []).append(bad)
+        except grpc.RpcError as error:
+            found.setdefault("rejections", []).append((error.code(), error.details()))
+    return found
 
 
 class _env:
@@ -107,6 +136,27 @@ def test_status_command_lists_every_service(finished_run) -> None:
     assert names == ["indexer:indexer", "inferencer:inferencer-0", "inferencer:inferencer-1",
                      "trainer:trainer"]
     assert all(row["state"] in {"starting", "running", "idle"} for row in finished_run["statuses"])
+
+
+def test_search_over_the_live_index(finished_run) -> None:
+    import grpc
+
+    found = finished_run["searches"]
+    assert found["cli"].returncode == 0, found["cli"].stderr
+    reply = json.loads(found["cli"].stdout)
+    assert reply["index_step"] >= 0
+    hits = reply["results"][0]
+    corpus = Path(finished_run["config"].data.path, "corpus.jsonl").read_text().splitlines()
+    corpus_ids = {json.loads(line)["_id"] for line in corpus}
+    assert len(hits) == 5 and {h["doc_id"] for h in hits} <= corpus_ids
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    by_embedding = found["by_embedding"]
+    assert [len(r.hits) for r in by_embedding.results] == [3, 3]
+    assert "accepted_bad" not in found, found.get("accepted_bad")
+    codes = [code for code, _ in found["rejections"]]
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 4
+    details = " ".join(d for _, d in found["rejections"])
+    assert "dimension 32" in details and "k must be in" in details
 
 
 def test_at_least_two_refreshes_after_zero_shot(finished_run) -> None:

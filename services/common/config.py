@@ -91,6 +91,11 @@ class InferenceConfig(_Strict):
     shard_size: int = Field(1000, ge=1, description="Documents per work item.")
     query_shard_size: int = Field(2000, ge=1)
     batch_size: int = Field(64, ge=1)
+    max_tokens_per_batch: int | None = Field(
+        None, ge=1,
+        description="Cap on rows × padded length per batch; default: 4096 on CPU (measured "
+                    "faster there, docs/benchmarks/encode.md), uncapped on GPU.",
+    )
     claim_timeout_s: float = Field(
         60.0, gt=0.0, description="An item not heart-beaten for this long is reclaimed."
     )

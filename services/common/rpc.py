@@ -115,3 +115,14 @@ def check_health(address: str, timeout_s: float = 3.0) -> bool:
         reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
                                                      timeout=timeout_s)
         return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def search(address: str, queries: list[str] | None = None,
+           embeddings: list[list[float]] | None = None, k: int = 10,
+           timeout_s: float = 30.0) -> ance_pb2.SearchReply:
+    """Call ``Retrieval.Search`` on an indexer with query texts or query embeddings."""
+    request = ance_pb2.SearchRequest(
+        queries=queries or [], k=k,
+        embeddings=[ance_pb2.Embedding(values=vector) for vector in embeddings or []])
+    with channel(address) as ch:
+        return ance_pb2_grpc.RetrievalStub(ch).Search(request, timeout=timeout_s)

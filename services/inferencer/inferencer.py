@@ -30,6 +30,10 @@ from ance_train.common.refresh import (
 )
 from ance_train.common.runtime import ServiceContext
 
+# On CPU, batches of at most 4096 padded tokens encode faster than full 32-row batches of
+# 256-token texts (bench/encode.py: 1.32x vs 1.16x over the padded baseline).
+CPU_MAX_TOKENS_PER_BATCH = 4096
+
 # Atomically raise the "refresh under way" marker; returns the marker after the update.
 _RAISE_MAX = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
@@ -50,6 +54,8 @@ class Inferencer:
         self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints",
                                  self.device)
         self.query_ids = query_order(ctx.dataset)
+        self.max_tokens_per_batch = cfg.inference.max_tokens_per_batch or (
+            CPU_MAX_TOKENS_PER_BATCH if self.device.type == "cpu" else None)
         self._raise_marker = ctx.redis.register_script(_RAISE_MAX)
         self.encoded = 0
         self.skipped = 0
@@ -104,6 +110,7 @@ class Inferencer:
                 max_length = cfg.model.max_query_length
             vectors = encode_texts(model, tokenizer, texts, max_length=max_length,
                                    batch_size=cfg.inference.batch_size, device=self.device,
+                                   max_tokens_per_batch=self.max_tokens_per_batch,
                                    progress=lambda n: ctx.state.update(done=n))
             key = embedding_key(item.step, item.kind, item.shard)
             ctx.store.put_bytes(key, pack_embeddings(ids, vectors))
