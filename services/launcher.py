@@ -172,6 +172,7 @@ class EmbeddedRun:
                                 description=self._describe_refresh(bus))
                 if deadline is not None and time.monotonic() > deadline:
                     raise RunAborted(f"run exceeded --max-minutes {self.max_minutes}")
+            progress.update(task, completed=self.config.training.steps, description="done")
         result.seconds = time.monotonic() - started
         result.trainer_summary = self.store.get_json("trainer/summary.json")
         console.print(table)
