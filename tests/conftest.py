@@ -42,5 +42,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Wider than ``tiny_model``: its training steps outlast an index refresh of the subset,
+    so the asynchronous swaps of a short run are observable."""
+    return make_tiny_bert(tmp_path_factory.mktemp("small-bert"), hidden=128, layers=2)
+
+
+@pytest.fixture(scope="session")
 def scifact_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_scifact_subset(tmp_path_factory.mktemp("scifact-subset"))

@@ -41,12 +41,17 @@ def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
     assert cfg.model.temperature == 1.0
     assert cfg.training.steps == 1000
     assert cfg.training.batch_size == 16
-    assert cfg.training.negatives_per_query == 1
+    assert cfg.negatives.per_query == 1
     assert cfg.training.in_batch_negatives is True
-    assert cfg.training.warmup_negatives == "bm25"
+    assert cfg.negatives.warmup == "bm25"
+    assert cfg.negatives.pool == "ann" and cfg.negatives.sampling == "uniform"
     assert cfg.inference.replicas == 2
-    assert cfg.index.top_k == 200
-    assert cfg.index.bm25_top_k == 100
+    assert cfg.negatives.top_k == 200
+    assert cfg.negatives.bm25_top_k == 100
+    # Paper defaults: SimANS a=0.5, b=0, k=100; ANCE-Tele α=β=0.5; DANCE λ=0.1 when enabled.
+    assert (cfg.negatives.simans_a, cfg.negatives.simans_b) == (0.5, 0.0)
+    assert cfg.negatives.simans_top_k == 100
+    assert cfg.negatives.tele_momentum_weight == cfg.negatives.tele_lookahead_weight == 0.5
     assert cfg.index.eval_splits == ["dev", "test"]
     assert cfg.services.trainer_port == 0
 
@@ -70,9 +75,13 @@ def test_unknown_top_level_field_is_named(tmp_path: Path) -> None:
     [
         ({"training": {"steps": -5}}, "training.steps"),
         ({"training": {"steps": 0}}, "training.steps"),
-        ({"training": {"negatives_per_query": 300}}, "training.negatives_per_query"),
-        ({"training": {"negatives_per_query": 11}, "index": {"top_k": 10}},
-         "training.negatives_per_query"),
+        ({"negatives": {"per_query": 300}}, "negatives.per_query"),
+        ({"negatives": {"per_query": 11, "top_k": 10}}, "negatives.per_query"),
+        ({"negatives": {"pool": "bm25", "sampling": "simans"}}, "negatives.sampling"),
+        ({"negatives": {"pool": "random", "warmup_steps": 5}}, "negatives.warmup_steps"),
+        ({"negatives": {"pool": "tele", "remine_fraction": 0.5}}, "negatives.remine_fraction"),
+        ({"negatives": {"dual_weight": 0.1}}, "negatives.dual_weight"),
+        ({"negatives": {"pool": "hardest"}}, "negatives.pool"),
         ({"model": {"pooling": "max"}}, "model.pooling"),
         ({"model": {"temperature": 0}}, "model.temperature"),
         ({"inference": {"claim_timeout_s": -1}}, "inference.claim_timeout_s"),
@@ -91,9 +100,9 @@ def test_impossible_values_name_the_field(tmp_path: Path, sections: dict, field:
 
 def test_no_negatives_at_all_is_rejected(tmp_path: Path) -> None:
     path = write_config(tmp_path / "run.yaml", data={"path": "d"},
-                        training={"negatives_per_query": 0, "in_batch_negatives": False})
+                        training={"in_batch_negatives": False}, negatives={"pool": "in_batch"})
     message = _load_error(path)
-    assert "negatives_per_query" in message and "in_batch_negatives" in message
+    assert "negatives.pool" in message and "in_batch_negatives" in message
 
 
 def test_every_bad_field_is_listed(tmp_path: Path) -> None:
@@ -166,9 +175,10 @@ def test_dump_and_parse_round_trip(tmp_path: Path) -> None:
         data={"path": "data", "max_train_queries": 50, "dev_fraction": 0.2},
         model={"pooling": "cls", "projection_dim": 24, "similarity": "cosine",
                "temperature": 0.05},
-        training={"steps": 7, "negatives_per_query": 3, "mixed_precision": "off"},
+        training={"steps": 7, "mixed_precision": "off"},
+        negatives={"pool": "tele", "sampling": "simans", "per_query": 3, "top_k": 20},
         inference={"replicas": 3, "claim_timeout_s": 2.5},
-        index={"top_k": 20, "eval_splits": ["test"]},
+        index={"eval_splits": ["test"]},
         services={"indexer_port": 50051},
     )
     cfg = load_config(path)
@@ -187,6 +197,6 @@ def test_dump_and_parse_round_trip(tmp_path: Path) -> None:
 
 def test_parse_config_error_names_source() -> None:
     with pytest.raises(ConfigError) as info:
-        parse_config({"data": {"path": "d"}, "index": {"top_k": 0}}, source="configmap")
+        parse_config({"data": {"path": "d"}, "negatives": {"top_k": 0}}, source="configmap")
     assert "configmap" in str(info.value)
-    assert "index.top_k" in str(info.value)
+    assert "negatives.top_k" in str(info.value)

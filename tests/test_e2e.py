@@ -43,12 +43,12 @@ def finished_run(tmp_path_factory, s3_env, tiny_model, scifact_subset):
         root / "config.yaml", run_id="e2e", output_dir=str(root / "runs"),
         data={"path": str(scifact_subset), "dev_fraction": 0.2},
         model={"path": str(tiny_model), "max_query_length": 32, "max_doc_length": 128},
-        training={"steps": 60, "batch_size": 8, "negatives_per_query": 2, "refresh_every": 15,
-                  "warmup_steps": 5, "learning_rate": 1e-4, "warmup_negatives": "none",
-                  "torch_threads": 1},
+        training={"steps": 60, "batch_size": 8, "refresh_every": 15, "warmup_steps": 5,
+                  "learning_rate": 1e-4, "torch_threads": 1},
+        negatives={"pool": "ann", "per_query": 2, "warmup": "none", "top_k": 30},
         inference={"replicas": 2, "shard_size": 40, "query_shard_size": 50, "batch_size": 16,
                    "claim_timeout_s": 10, "torch_threads": 1},
-        index={"top_k": 30, "eval_depth": 100},
+        index={"eval_depth": 100},
     )
     env = {**os.environ, **s3_env, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(

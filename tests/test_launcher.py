@@ -24,7 +24,8 @@ def base_config(root: Path, data: Path, model: Path, **training) -> dict:
             "data": {"path": str(data)},
             "model": {"path": str(model), "max_query_length": 16, "max_doc_length": 32},
             "training": {"steps": 100000, "batch_size": 4, "refresh_every": 1000,
-                         "warmup_negatives": "none", "torch_threads": 1, **training},
+                         "torch_threads": 1, **training},
+            "negatives": {"warmup": "none"},
             "inference": {"replicas": 2, "shard_size": 100, "torch_threads": 1}}
 
 

@@ -67,21 +67,71 @@ class TrainingConfig(_Strict):
 
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(16, ge=1)
-    negatives_per_query: int = Field(1, ge=0, description="ANCE §5: one negative per positive.")
     learning_rate: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
     warmup_steps: int = Field(100, ge=0)
     max_grad_norm: float = Field(2.0, gt=0.0)
     refresh_every: int = Field(100, ge=1, description="Checkpoint + index refresh every N steps.")
-    warmup_negatives: Literal["bm25", "none"] = "bm25"
-    wait_for_first_negatives: bool = Field(
-        True,
-        description="Block before step 1 until the first negatives exist (the only wait allowed).",
-    )
     in_batch_negatives: bool = True
     mixed_precision: Literal["auto", "bf16", "fp16", "off"] = "auto"
     seed: int = 42
     torch_threads: int | None = Field(None, ge=1)
+
+
+class NegativesConfig(_Strict):
+    """Where hard negatives come from and how they are drawn (see docs/strategies.md).
+
+    ``pool`` is the candidate set: ``in_batch`` (no hard negatives), ``random`` (uniform over
+    the corpus), ``bm25`` (bm25s top-``bm25_top_k``), ``bm25_random`` (DPR: BM25 and random
+    1:1), ``ann`` (ANCE: the ANN top-``top_k`` of the latest refresh) or ``tele`` (ANCE-Tele:
+    ANN ∪ momentum ∪ lookahead). ``sampling`` draws from ANN-scored candidates uniformly
+    (ANCE) or by SimANS probabilities. ``warmup: bm25`` trains on BM25 negatives first
+    ("BM25 → X", ANCE Table 1).
+    """
+
+    pool: Literal["in_batch", "random", "bm25", "bm25_random", "ann", "tele"] = "ann"
+    sampling: Literal["uniform", "simans"] = "uniform"
+    per_query: int = Field(1, ge=0, description="ANCE §5: one negative per positive.")
+    warmup: Literal["none", "bm25"] = "bm25"
+    warmup_steps: int = Field(
+        0, ge=0,
+        description="With warmup bm25: train on BM25 negatives for this many steps; 0 = until "
+                    "the first ANN negatives arrive.",
+    )
+    wait_for_first: bool = Field(
+        True,
+        description="Block before step 1 until the first negatives exist (the only wait allowed).",
+    )
+    top_k: int = Field(200, ge=1, description="ANCE §5: sample from the ANN top 200.")
+    bm25_top_k: int = Field(100, ge=1, description="ANCE Table 1 BM25 negatives: top 100.")
+    remine_fraction: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="ANCE: share of training queries re-mined at each refresh; the others keep "
+                    "their previous negatives.",
+    )
+    # SimANS (002_*.txt §4.1, Eq. 4): p_i ∝ exp(-a (s(q,d_i) - s(q,d̃+) - b)^2) over the top-k.
+    simans_a: float = Field(0.5, gt=0.0, description="SimANS density; paper: 0.5 (MS MARCO).")
+    simans_b: float = Field(0.0, description="SimANS peak offset; paper: 0 (MS MARCO).")
+    simans_top_k: int = Field(100, ge=1, description="SimANS §4.1: k = 100.")
+    # ANCE-Tele (004_*.txt §4, Eq. 4-6): weights of momentum and lookahead negatives.
+    tele_momentum_weight: float = Field(0.5, ge=0.0, description="α; paper: 0.5.")
+    tele_lookahead_weight: float = Field(0.5, ge=0.0, description="β; paper: 0.5.")
+    tele_max_candidates: int = Field(
+        400, ge=1, description="Cap on a query's teleportation pool (highest probability kept).")
+    # DANCE (001_*.txt §3.3, Eq. 10-12): dual query-retrieval loss with weight λ.
+    dual_weight: float = Field(0.0, ge=0.0, description="λ; DANCE: 0.1. 0 disables it.")
+    dual_per_positive: int = Field(1, ge=1, description="Negative queries per positive.")
+    dual_top_k: int = Field(200, ge=1, description="Negative queries drawn from this top-K.")
+    grad_norm_every: int = Field(
+        10, ge=0, description="Log bottom/middle/top layer gradient norms every N steps (0: off).")
+
+    @property
+    def mines_ann(self) -> bool:
+        return self.pool in ("ann", "tele")
+
+    @property
+    def uses_bm25(self) -> bool:
+        return self.pool in ("bm25", "bm25_random") or (self.mines_ann and self.warmup == "bm25")
 
 
 class InferenceConfig(_Strict):
@@ -105,9 +155,6 @@ class InferenceConfig(_Strict):
 class IndexConfig(_Strict):
     """Indexer: ANN search, negative mining and evaluation."""
 
-    top_k: int = Field(200, ge=1, description="ANCE §5: sample from the ANN top 200.")
-    strategy: Literal["ance"] = "ance"
-    bm25_top_k: int = Field(100, ge=1, description="ANCE Table 1 BM25 negatives: top 100.")
     eval_depth: int = Field(1000, ge=10)
     eval_splits: list[Literal["dev", "test"]] = Field(default_factory=lambda: ["dev", "test"])
     search_batch_size: int = Field(1024, ge=1)
@@ -129,22 +176,37 @@ class RunConfig(_Strict):
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    negatives: NegativesConfig = Field(default_factory=NegativesConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)
     services: ServicesConfig = Field(default_factory=ServicesConfig)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
-        if self.training.negatives_per_query > self.index.top_k:
-            raise ValueError(
-                f"training.negatives_per_query ({self.training.negatives_per_query}) "
-                f"must not exceed index.top_k ({self.index.top_k})"
-            )
-        if not self.training.in_batch_negatives and self.training.negatives_per_query == 0:
-            raise ValueError(
-                "training.negatives_per_query is 0 and training.in_batch_negatives is false: "
-                "the loss would have no negatives"
-            )
+        neg = self.negatives
+        if neg.mines_ann and neg.per_query > neg.top_k:
+            raise ValueError(f"negatives.per_query ({neg.per_query}) must not exceed "
+                             f"negatives.top_k ({neg.top_k})")
+        hard = neg.pool != "in_batch" and neg.per_query > 0
+        if not self.training.in_batch_negatives and not hard:
+            raise ValueError("negatives.pool gives no hard negatives and "
+                             "training.in_batch_negatives is false: the loss would have none")
+        if neg.sampling == "simans" and not neg.mines_ann:
+            raise ValueError(f"negatives.sampling simans needs dense scores: use it with pool "
+                             f"ann or tele, not {neg.pool}")
+        if neg.warmup_steps and neg.warmup != "bm25":
+            raise ValueError("negatives.warmup_steps is set but negatives.warmup is not bm25")
+        if neg.warmup_steps and not neg.mines_ann:
+            raise ValueError(f"negatives.warmup_steps (BM25 → X) needs pool ann or tele, "
+                             f"not {neg.pool}")
+        if neg.remine_fraction < 1.0 and neg.pool != "ann":
+            raise ValueError("negatives.remine_fraction applies to pool ann only")
+        if neg.dual_weight > 0 and self.model.similarity != "cosine":
+            raise ValueError("negatives.dual_weight (DANCE) is defined on L2-normalised "
+                             "embeddings: set model.similarity to cosine")
+        if neg.warmup_steps >= self.training.steps:
+            raise ValueError(f"negatives.warmup_steps ({neg.warmup_steps}) must be below "
+                             f"training.steps ({self.training.steps})")
         return self
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SOURCES = ("ann", "bm25", "random")
+SOURCES = ("ann", "bm25", "random", "momentum", "lookahead")
 SOURCE_CODE = {name: code for code, name in enumerate(SOURCES)}
 PAD = -1
 
@@ -27,9 +27,12 @@ class NegativesTable:
     positive_scores: np.ndarray    # [Q] float32, score of the query's (first) positive
     probabilities: np.ndarray      # [Q, K] float32, rows sum to 1 over valid candidates
     sources: np.ndarray            # [Q, K] int8, index into SOURCES
+    first_seen: np.ndarray | None = None  # [Q, K] int64 step at which a candidate entered the row
 
     def __post_init__(self) -> None:
         self._row = {str(qid): row for row, qid in enumerate(self.query_ids)}
+        if self.first_seen is None:
+            self.first_seen = np.where(self.candidates != PAD, self.step, PAD).astype(np.int64)
 
     def __len__(self) -> int:
         return len(self.query_ids)
@@ -42,21 +45,23 @@ class NegativesTable:
         row = self._row.get(query_id)
         if row is None or n == 0:
             return []
-        valid = self.candidates[row] != PAD
-        count = int(valid.sum())
+        # Candidates whose probability underflowed to 0 (SimANS at a small temperature) can
+        # never be drawn; without replacement, at most the non-zero ones can be.
+        drawable = (self.candidates[row] != PAD) & (self.probabilities[row] > 0)
+        count = int(drawable.sum())
         if count == 0:
             return []
-        probs = self.probabilities[row][valid].astype(np.float64)
+        probs = self.probabilities[row][drawable].astype(np.float64)
         probs /= probs.sum()
         picked = rng.choice(count, size=min(n, count), replace=False, p=probs)
-        return [int(doc) for doc in self.candidates[row][valid][picked]]
+        return [int(doc) for doc in self.candidates[row][drawable][picked]]
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         np.savez(buffer, step=np.int64(self.step), query_ids=self.query_ids.astype(str),
                  candidates=self.candidates, scores=self.scores,
                  positive_scores=self.positive_scores, probabilities=self.probabilities,
-                 sources=self.sources)
+                 sources=self.sources, first_seen=self.first_seen)
         return buffer.getvalue()
 
     @classmethod
@@ -65,7 +70,15 @@ class NegativesTable:
             return cls(step=int(arrays["step"]), query_ids=arrays["query_ids"],
                        candidates=arrays["candidates"], scores=arrays["scores"],
                        positive_scores=arrays["positive_scores"],
-                       probabilities=arrays["probabilities"], sources=arrays["sources"])
+                       probabilities=arrays["probabilities"], sources=arrays["sources"],
+                       first_seen=arrays.get("first_seen"))
+
+
+def source_counts(table: NegativesTable) -> dict[str, int]:
+    """How many candidates of the table come from each source (ANCE-Tele Fig. 9)."""
+    valid = table.candidates != PAD
+    return {name: int(((table.sources == code) & valid).sum()) for code, name in
+            enumerate(SOURCES) if ((table.sources == code) & valid).any()}
 
 
 def uniform_probabilities(candidates: np.ndarray) -> np.ndarray:

@@ -27,6 +27,12 @@ class AnnIndex:
 
     def finalize(self) -> None:
         self._row_to_doc = np.concatenate(self.doc_ids) if self.doc_ids else np.zeros(0, np.int64)
+        self._doc_to_row = {int(doc): row for row, doc in enumerate(self._row_to_doc)}
+
+    def vectors(self, doc_ids: np.ndarray) -> np.ndarray:
+        """The stored embeddings of ``doc_ids`` (document indices, not index rows)."""
+        rows = np.array([self._doc_to_row[int(d)] for d in np.ravel(doc_ids)], dtype=np.int64)
+        return self.index.reconstruct_batch(rows).reshape(*np.shape(doc_ids), self.dim)
 
     def __len__(self) -> int:
         return int(self.index.ntotal)

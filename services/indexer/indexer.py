@@ -33,7 +33,8 @@ from ance_train.common.refresh import (
 from ance_train.common.runtime import ServiceContext
 
 from .ann import AnnIndex, Superseded
-from .mining import ance_negatives, bm25_negatives, positives_of
+from .diagnostics import Diagnostics
+from .mining import Miner, bm25_negatives, mine_dual, positives_of
 from .search_service import SearchService, ServedIndex
 
 BM25_STEP = -1
@@ -50,6 +51,12 @@ class Indexer:
         self.query_ids = query_order(ctx.dataset)
         self.query_row = {q: i for i, q in enumerate(self.query_ids)}
         self.train_ids = sorted(ctx.dataset.train)
+        cfg = ctx.config
+        self.miner = Miner(cfg.negatives, cfg.model.temperature, ctx.dataset, self.train_ids,
+                           cfg.training.seed)
+        self.diagnostics = Diagnostics(self.train_ids, positives_of(ctx.dataset, self.train_ids),
+                                       cfg.training.seed)
+        self.previous: NegativesTable | None = None
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints", device)
         self.search = SearchService(ctx.corpus, self.models, ctx.config.model.max_query_length)
@@ -60,9 +67,12 @@ class Indexer:
         """Rebuild state from the streams' history and the store (restart-safe)."""
         for event in self.ctx.bus.history(events.CHECKPOINT_PUBLISHED):
             self._add_plan(event)
-        done = [int(e.step) for e in self.ctx.bus.history(events.NEGATIVES_READY)
-                if e.step >= 0]
-        self.last_built = max(done, default=-1)
+        done = [e for e in self.ctx.bus.history(events.NEGATIVES_READY) if e.step >= 0]
+        self.last_built = max((e.step for e in done), default=-1)
+        latest = max(done, key=lambda e: e.step, default=None)
+        if latest is not None and latest.payload.get("key"):
+            self.previous = NegativesTable.from_bytes(self.ctx.store.get_bytes(
+                latest.payload["key"]))
 
     def _add_plan(self, event: events.Event) -> None:
         step = event.step
@@ -95,7 +105,7 @@ class Indexer:
     def run(self) -> None:
         ctx = self.ctx
         self.recover()
-        if ctx.config.training.warmup_negatives == "bm25":
+        if ctx.config.negatives.uses_bm25:
             self.publish_bm25_negatives()
         ctx.state.update(state="idle", phase="waiting for shards", index_step=self.last_built)
         while not ctx.stop.is_set():
@@ -126,8 +136,10 @@ class Indexer:
             ctx.state.update(state="running", phase="BM25 negatives")
             started = time.monotonic()
             table = bm25_negatives(ctx.corpus, ctx.dataset, self.train_ids,
-                                   ctx.config.index.bm25_top_k)
+                                   ctx.config.negatives.bm25_top_k)
             ctx.store.put_bytes(key, table.to_bytes())
+            if self.previous is None:  # what the trainer uses until the first ANN refresh
+                self.previous = table
             ctx.log.info("BM25 negatives for %d queries in %.1fs", len(table),
                          time.monotonic() - started)
         ctx.bus.publish(events.NEGATIVES_READY, BM25_STEP, key=key, source="bm25")
@@ -154,8 +166,7 @@ class Indexer:
 
         ctx.state.update(phase=f"mining {step}")
         started = time.monotonic()
-        table = self.mine(step, index, queries, should_stop)
-        ctx.store.put_bytes(negatives_key(step), table.to_bytes())
+        table, dual, diagnostics = self.mine(step, index, queries, should_stop)
         mine_s = time.monotonic() - started
 
         ctx.state.update(phase=f"evaluating {step}")
@@ -164,14 +175,18 @@ class Indexer:
         eval_s = time.monotonic() - started
         timings = {"build_s": build_s, "mine_s": mine_s, "eval_s": eval_s}
         ctx.store.put_json(eval_key(step), {"step": step, "metrics": metrics,
-                                            "timings": timings})
+                                            "timings": timings, "diagnostics": diagnostics})
         # The index serves searches from now on; then the events go out.
         self.search.serve(ServedIndex(step, index))
         self.last_built = step
-        ctx.bus.publish(events.NEGATIVES_READY, step, key=negatives_key(step), source="ann",
-                        queries=len(table))
+        if table is not None:
+            self.previous = table
+        if table is not None or dual is not None:
+            ctx.bus.publish(events.NEGATIVES_READY, step, source="ann",
+                            key=negatives_key(step) if table is not None else None,
+                            dual_key=negatives_key(f"{step}-dual") if dual is not None else None)
         ctx.bus.publish(events.EVAL_COMPLETED, step, key=eval_key(step), metrics=metrics,
-                        timings=timings)
+                        timings=timings, diagnostics=diagnostics)
         flat = {f"{split}/{name}": value for split, values in metrics.items()
                 for name, value in values.items()}
         ctx.state.update(state="idle", phase="waiting for shards", index_step=step, metrics=flat)
@@ -188,18 +203,25 @@ class Indexer:
             matrix[ids] = vectors
         return matrix
 
-    def mine(self, step: int, index: AnnIndex, queries: np.ndarray, should_stop) -> NegativesTable:
-        cfg, dataset = self.ctx.config, self.ctx.dataset
-        rows = np.array([self.query_row[q] for q in self.train_ids], dtype=np.int64)
-        positives = positives_of(dataset, self.train_ids)
-        depth = cfg.index.top_k + max(len(p) for p in positives)
-        ranked, scores = index.search(queries[rows], depth, cfg.index.search_batch_size,
-                                      should_stop)
-        first_positive = np.array([min(p) for p in positives], dtype=np.int64)
-        positive_vectors = np.stack([index.index.reconstruct(int(d)) for d in first_positive])
-        positive_scores = np.einsum("ij,ij->i", queries[rows], positive_vectors)
-        return ance_negatives(step, self.train_ids, ranked, scores, positives, positive_scores,
-                              cfg.index.top_k)
+    def mine(self, step: int, index: AnnIndex, queries: np.ndarray, should_stop
+             ) -> tuple[NegativesTable | None, NegativesTable | None, dict]:
+        """The refresh's negatives (ANN pools), DANCE's negative queries and the diagnostics."""
+        ctx, cfg = self.ctx, self.ctx.config
+        train_queries = queries[np.array([self.query_row[q] for q in self.train_ids])]
+        depth = max(100, self.miner.depth()) + self.miner.max_positives
+        ranked, sims = index.search(train_queries, depth, cfg.index.search_batch_size,
+                                    should_stop)
+        table = dual = None
+        if cfg.negatives.mines_ann:
+            table = self.miner.mine(step, index, train_queries, ranked, sims, self.previous,
+                                    should_stop, cfg.index.search_batch_size)
+            ctx.store.put_bytes(negatives_key(step), table.to_bytes())
+        if cfg.negatives.dual_weight > 0:
+            dual = mine_dual(step, cfg.negatives, ctx.dataset, self.train_ids, index,
+                             train_queries)
+            ctx.store.put_bytes(negatives_key(f"{step}-dual"), dual.to_bytes())
+        diagnostics = self.diagnostics.compute(ranked, self.previous, table)
+        return table, dual, diagnostics
 
     def evaluate(self, index: AnnIndex, queries: np.ndarray, should_stop) -> dict:
         cfg, dataset = self.ctx.config, self.ctx.dataset

@@ -1,4 +1,5 @@
-"""Training batches: queries, one positive each, hard negatives from the table in use."""
+"""Training batches: queries, one positive each, hard negatives from the source in use, and
+(DANCE) negative queries for each positive document."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 from ance_train.common.data import DatasetIndex
 from ance_train.common.negatives import NegativesTable
 
+from .negative_sources import NegativeSource
+
 
 @dataclass
 class TrainingBatch:
@@ -19,6 +22,8 @@ class TrainingBatch:
     positive_column: torch.Tensor   # [B] column of each query's positive
     allowed: torch.Tensor           # [B, docs] which columns enter each query's softmax
     hard_negatives: int             # how many hard negatives the batch holds
+    dual_query_texts: list[str]     # DANCE: negative queries of the positives (may be empty)
+    dual_allowed: torch.Tensor | None  # [B, B + dual]: query i's positive query + its own ones
 
 
 class BatchBuilder:
@@ -59,10 +64,11 @@ class BatchBuilder:
             self.cursor += 1
         return picked
 
-    def build(self, table: NegativesTable | None) -> TrainingBatch:
+    def build(self, source: NegativeSource | None, dual: NegativesTable | None = None,
+              dual_per_positive: int = 1) -> TrainingBatch:
         qids = self._next_queries()
         positives = [int(self.rng.choice(self.positives[q])) for q in qids]
-        negatives = [table.sample(q, self.negatives_per_query, self.rng) if table else []
+        negatives = [source.sample(q, self.negatives_per_query, self.rng) if source else []
                      for q in qids]
         columns = positives + [doc for row in negatives for doc in row]
         allowed = torch.zeros(len(qids), len(columns), dtype=torch.bool)
@@ -76,11 +82,31 @@ class BatchBuilder:
                 for column, doc in enumerate(columns):
                     if doc not in query_positives:
                         allowed[i, column] = True
+        dual_texts, dual_allowed = self._dual(qids, positives, dual, dual_per_positive)
         return TrainingBatch(
             query_ids=qids, query_texts=[self.queries[q] for q in qids], doc_indices=columns,
             positive_column=torch.arange(len(qids)), allowed=allowed,
             hard_negatives=len(columns) - len(qids),
+            dual_query_texts=dual_texts, dual_allowed=dual_allowed,
         )
+
+    def _dual(self, qids: list[str], positives: list[int], dual: NegativesTable | None,
+              per_positive: int) -> tuple[list[str], torch.Tensor | None]:
+        """DANCE Eq. 10: for positive d_i, its query q_i against negative queries near d_i.
+
+        The dual table's rows are keyed by document index and its candidates are positions in
+        the sorted training-query list (the indexer's order, ``self.order``)."""
+        if dual is None:
+            return [], None
+        drawn = [dual.sample(str(doc), per_positive, self.rng) for doc in positives]
+        texts = [self.queries[self.order[row]] for rows in drawn for row in rows]
+        allowed = torch.zeros(len(qids), len(qids) + len(texts), dtype=torch.bool)
+        column = len(qids)
+        for i, rows in enumerate(drawn):
+            allowed[i, i] = True
+            allowed[i, column: column + len(rows)] = True
+            column += len(rows)
+        return texts, allowed
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "epoch_order": list(self.epoch_order),

@@ -20,3 +20,23 @@ def contrastive_nll(
         raise ValueError("each query's positive column must be allowed")
     masked = scores.float().masked_fill(~allowed, float("-inf"))
     return functional.cross_entropy(masked, positive_column)
+
+
+def layer_grad_norms(encoder: torch.nn.Module) -> dict[str, float]:
+    """L2 norm of the gradients of the bottom, middle and top transformer layer (ANCE Fig. 4)."""
+    layers = _transformer_layers(encoder)
+    if not layers:
+        return {}
+    picks = {"bottom": layers[0], "middle": layers[len(layers) // 2], "top": layers[-1]}
+    norms = {}
+    for name, layer in picks.items():
+        grads = [p.grad.detach().float() for p in layer.parameters() if p.grad is not None]
+        norms[name] = float(torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+    return norms
+
+
+def _transformer_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The longest ModuleList of the encoder: its stack of transformer blocks."""
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []

@@ -1,7 +1,8 @@
-"""Receives ``negatives.ready`` in the background and hands the newest table to the loop.
+"""Receives ``negatives.ready`` in the background and holds the newest tables for the loop.
 
-The training loop calls :meth:`NegativesFeed.current` once per batch: an attribute read, so
-switching to newer negatives never blocks a step (ANCE §4, asynchronous index refresh).
+It keeps the BM25 table, the newest ANN table and the newest DANCE negative-query table.
+The training loop reads them once per batch: attribute reads, so switching to newer
+negatives never blocks a step (ANCE §4, asynchronous index refresh).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from ance_train.common import events
 from ance_train.common.negatives import NegativesTable
@@ -26,7 +28,9 @@ class NegativesFeed:
         self.store = store
         self.instance = instance
         self.stop = stop
-        self._latest: NegativesTable | None = None
+        self.bm25: NegativesTable | None = None
+        self.ann: NegativesTable | None = None
+        self.dual: NegativesTable | None = None
         self._arrived = threading.Condition()
         self._thread = threading.Thread(target=self._listen, name="negatives-feed", daemon=True)
 
@@ -34,19 +38,16 @@ class NegativesFeed:
         self._thread.start()
         return self
 
-    def current(self) -> NegativesTable | None:
-        return self._latest
-
-    def wait_first(self, timeout_s: float | None = None) -> NegativesTable | None:
-        """Block until some negatives exist (only allowed before the first step)."""
+    def wait_until(self, ready: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        """Block until ``ready()`` (only allowed before the first step)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._arrived:
-            while self._latest is None and not self.stop.is_set():
+            while not ready() and not self.stop.is_set():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
                 self._arrived.wait(timeout=min(1.0, remaining or 1.0))
-        return self._latest
+        return ready()
 
     def _listen(self) -> None:
         while not self.stop.is_set():
@@ -62,16 +63,27 @@ class NegativesFeed:
                 self.bus.ack(events.NEGATIVES_READY, self.GROUP, event.entry_id)
 
     def _handle(self, event: events.Event) -> None:
-        current = self._latest
-        if current is not None and event.step <= current.step:
-            log.info("ignoring negatives of step %d (using %d)", event.step, current.step)
-            return
+        payload = event.payload
         try:
-            table = NegativesTable.from_bytes(self.store.get_bytes(event.payload["key"]))
+            if payload.get("source") == "bm25":
+                if self.bm25 is None:
+                    self._set("bm25", self._load(payload["key"]))
+                return
+            current = self.ann.step if self.ann is not None else None
+            if payload.get("key") and (current is None or event.step > current):
+                self._set("ann", self._load(payload["key"]))
+            elif payload.get("key"):
+                log.info("ignoring negatives of step %d (using %d)", event.step, current)
+            if payload.get("dual_key") and (self.dual is None or event.step > self.dual.step):
+                self._set("dual", self._load(payload["dual_key"]))
         except StorageError as error:
             log.error("cannot load negatives of step %d: %s", event.step, error)
-            return
+
+    def _load(self, key: str) -> NegativesTable:
+        return NegativesTable.from_bytes(self.store.get_bytes(key))
+
+    def _set(self, name: str, table: NegativesTable) -> None:
         with self._arrived:
-            self._latest = table
+            setattr(self, name, table)  # one reference swap, read by the loop at its next batch
             self._arrived.notify_all()
-        log.info("negatives of step %d ready (%d queries)", table.step, len(table))
+        log.info("%s negatives of step %d ready (%d rows)", name, table.step, len(table))

@@ -1,10 +1,12 @@
 """The Trainer service: optimises the bi-encoder on the freshest negatives available.
 
-Per step it takes whatever negatives table the feed holds (never waiting, except before
-step 1 when ``training.wait_for_first_negatives`` says so), computes the NLL loss over the
-positive, hard and in-batch negatives, and every ``refresh_every`` steps saves a checkpoint
-that the publisher uploads and announces in the background. It records the async gap
-(current step − step of the checkpoint whose negatives are in use, ANCE §6.4).
+Per step it takes the negatives the configured strategy calls for from what the feed holds
+(never waiting, except before step 1 when ``negatives.wait_for_first`` says so), computes the
+NLL loss over the positive, hard and in-batch negatives (plus λ × DANCE's dual
+query-retrieval loss when enabled), and every ``refresh_every`` steps saves a checkpoint that
+the publisher uploads and announces in the background. It records the async gap (current
+step − step of the checkpoint whose negatives are in use, ANCE §6.4) and, at an interval,
+the gradient norms of the bottom / middle / top layers (ANCE Fig. 4).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from ance_train.common.runtime import ServiceContext
 
 from .batches import BatchBuilder
 from .checkpoints import CheckpointPublisher
-from .loss import contrastive_nll
+from .loss import contrastive_nll, layer_grad_norms
+from .negative_sources import NegativesPicker, RandomNegatives
 from .negatives_feed import NegativesFeed
 
 SUMMARY_KEY = "trainer/summary.json"
@@ -36,6 +39,9 @@ class TrainingRecord:
     """What the run's summary reports about training (also read by the tests)."""
 
     losses: list[float] = field(default_factory=list)
+    dual_losses: list[float | None] = field(default_factory=list)
+    hard_negatives: list[int] = field(default_factory=list)
+    grad_norms: list[dict] = field(default_factory=list)
     async_gaps: list[int | None] = field(default_factory=list)
     negatives_steps: list[int | None] = field(default_factory=list)
     swaps: list[dict] = field(default_factory=list)
@@ -70,12 +76,15 @@ class Trainer:
         self.scheduler = get_linear_schedule_with_warmup(
             self.optimizer, cfg.training.warmup_steps, cfg.training.steps)
         self.batches = BatchBuilder(ctx.dataset, cfg.training.batch_size,
-                                    cfg.training.negatives_per_query,
+                                    cfg.negatives.per_query,
                                     cfg.training.in_batch_negatives, cfg.training.seed)
         self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
         self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
                                              ctx.work_dir)
         self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop)
+        self.picker = NegativesPicker(
+            cfg.negatives, self.feed,
+            RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
         self.record = TrainingRecord()
         self.step = 0
 
@@ -84,24 +93,28 @@ class Trainer:
         ctx.state.update(state="running", phase="checkpoint 0", total=cfg.training.steps)
         self._checkpoint(0)
         self.feed.start()
-        if cfg.training.wait_for_first_negatives and cfg.training.negatives_per_query > 0:
+        if self.picker.needs_wait():
             ctx.state.update(phase="waiting for first negatives")
             started = time.monotonic()
-            self.feed.wait_first()
+            self.feed.wait_until(self.picker.ready)
             self.record.wait_before_first_s = time.monotonic() - started
         in_use_step: int | None = None
+        dual_weight = cfg.negatives.dual_weight
         while self.step < cfg.training.steps and not ctx.stop.is_set():
             self.step += 1
             started = time.monotonic()
-            table = self.feed.current()
-            batch = self.batches.build(table)
+            source, table_step = self.picker.pick(self.step)
+            dual = self.feed.dual if dual_weight > 0 else None
+            batch = self.batches.build(source, dual, cfg.negatives.dual_per_positive)
             negatives_ms = (time.monotonic() - started) * 1000
-            if table is not None and table.step != in_use_step:
-                self.record.swaps.append({"step": self.step, "negatives_step": table.step})
-                in_use_step = table.step
-            loss = self._optimise(batch)
-            gap = None if table is None or table.step < 0 else self.step - table.step
-            self._log_step(loss, gap, in_use_step, negatives_ms, time.monotonic() - started)
+            if table_step is not None and table_step != in_use_step:
+                self.record.swaps.append({"step": self.step, "negatives_step": table_step})
+                in_use_step = table_step
+            loss, dual_loss = self._optimise(batch, dual_weight)
+            gap = None if table_step is None or table_step < 0 else self.step - table_step
+            self.record.dual_losses.append(dual_loss)
+            self.record.hard_negatives.append(batch.hard_negatives)
+            self._log_step(loss, gap, table_step, negatives_ms, time.monotonic() - started)
             if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
                 self._checkpoint(self.step)
         self.publisher.flush()
@@ -113,28 +126,42 @@ class Trainer:
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
         return self.record
 
-    def _optimise(self, batch) -> float:
+    def _optimise(self, batch, dual_weight: float) -> tuple[float, float | None]:
         cfg = self.cfg
         self.model.train()
-        queries = self.tokenizer(batch.query_texts, padding=True, truncation=True,
+        query_texts = batch.query_texts + batch.dual_query_texts
+        queries = self.tokenizer(query_texts, padding=True, truncation=True,
                                  max_length=cfg.model.max_query_length, return_tensors="pt")
         docs = self.tokenizer(self.ctx.corpus.texts(batch.doc_indices), padding=True,
                               truncation=True, max_length=cfg.model.max_doc_length,
                               return_tensors="pt")
+        size = len(batch.query_texts)
         with autocast_context(cfg.training.mixed_precision, self.device):
             q = self.model(queries["input_ids"].to(self.device),
                            queries["attention_mask"].to(self.device))
             d = self.model(docs["input_ids"].to(self.device),
                            docs["attention_mask"].to(self.device))
-            scores = self.model.score(q, d)
+            scores = self.model.score(q[:size], d)
+            dual_scores = (self.model.score(d[:size], q)
+                           if batch.dual_allowed is not None else None)
         loss = contrastive_nll(scores, batch.positive_column.to(self.device),
                                batch.allowed.to(self.device))
+        dual_loss = None
+        if dual_scores is not None:
+            # DANCE Eq. 12: L = L_norm + λ L_dual, L_dual over d⁺ → {q⁺} ∪ negative queries.
+            dual_loss = contrastive_nll(dual_scores, batch.positive_column.to(self.device),
+                                        batch.dual_allowed.to(self.device))
+            loss = loss + dual_weight * dual_loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        every = cfg.negatives.grad_norm_every
+        if every and (self.step % every == 0 or self.step == 1):
+            self.record.grad_norms.append({"step": self.step,
+                                           **layer_grad_norms(self.model.encoder)})
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.training.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        return float(loss.detach())
+        return float(loss.detach()), None if dual_loss is None else float(dual_loss.detach())
 
     def _log_step(self, loss: float, gap: int | None, negatives_step: int | None,
                   negatives_ms: float, seconds: float) -> None:
@@ -174,6 +201,9 @@ class Trainer:
             "finished": finished,
             "steps": self.step,
             "losses": rec.losses,
+            "dual_losses": rec.dual_losses,
+            "hard_negatives": rec.hard_negatives,
+            "grad_norms": rec.grad_norms,
             "async_gaps": rec.async_gaps,
             "negatives_steps": rec.negatives_steps,
             "swaps": rec.swaps,
