@@ -17,11 +17,8 @@ mean-pooled embedding. Writes ``encode.json`` and ``encode.md`` into ``--out``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -30,12 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
 from transformers import AutoModel
 
 from ance_train.common.config import ModelConfig, default_model_path
 from ance_train.common.encoding import encode_texts, plan_batches
 from ance_train.common.model import BiEncoder, load_tokenizer
+
+from report import command_line, machine, utc_now
 
 REPO = Path(__file__).resolve().parents[1]
 MIN_COSINE = 0.999
@@ -85,16 +83,6 @@ def baseline_encode(model, tokenizer, texts, max_length, batch_size, device) -> 
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
             rows.append(pooled.float().cpu().numpy())
     return np.concatenate(rows)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def agreement(reference: np.ndarray, other: np.ndarray) -> dict:
@@ -209,12 +197,10 @@ def main(argv: list[str] | None = None) -> int:
              for name, out in outputs.items() if name != "baseline"}
 
     report = {
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpu": cpu_model(),
-                    "cores": os.cpu_count(), "torch": torch.__version__,
-                    "transformers": transformers.__version__, "device": str(device),
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "command": command_line(),
+        "date": utc_now(),
+        "machine": {**machine(str(device)), "load_average_before": load_before,
+                    "load_average_after": os.getloadavg()},
         "params": {"model": args.model, "data": str(args.data), "docs": len(texts),
                    "max_length": args.max_length, "batch_size": args.batch_size,
                    "repeats": args.repeats, "threads": args.threads,

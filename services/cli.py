@@ -119,7 +119,7 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")]) -> None:
     cfg = _load(config)
     try:
         with tempfile.TemporaryDirectory() as cache:
-            index = validate_dataset(cfg.data, Path(cache), seed=cfg.training.seed)
+            index = validate_dataset(cfg.data, Path(cache), seed=cfg.data.split_seed)
     except DataError as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None

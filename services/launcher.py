@@ -89,7 +89,7 @@ class EmbeddedRun:
         try:
             with console.status("validating dataset"):
                 self.dataset = validate_dataset(self.config.data, staging,
-                                                seed=self.config.training.seed)
+                                                seed=self.config.data.split_seed)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

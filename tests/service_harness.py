@@ -30,7 +30,7 @@ class Harness:
         config_path = root / "config.yaml"
         config_path.write_text(yaml.safe_dump(sections, sort_keys=False))
         config = load_config(config_path)
-        validate_dataset(config.data, root / "cache", seed=config.training.seed)
+        validate_dataset(config.data, root / "cache", seed=config.data.split_seed)
         publish_dataset(LocalStore(config.run_id, root / "store"), root / "cache")
         return cls(root, config_path, redis_url)
 

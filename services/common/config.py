@@ -46,6 +46,9 @@ class DataConfig(_Strict):
         description="Share of training queries held out as the dev slice (SciFact has no dev).",
     )
     dev_max_queries: int = Field(200, ge=0)
+    split_seed: int = Field(
+        42, description="Seed of the dev slice; fixed apart from training.seed so that runs "
+                        "with different training seeds are evaluated on the same queries.")
     max_train_queries: int | None = Field(None, ge=1)
 
 

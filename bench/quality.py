@@ -1,0 +1,278 @@
+"""Retrieval quality on SciFact: does each method help? Measured through the real services.
+
+Every method of ``configs/methods/`` is trained with the same budget (steps, batch size,
+learning-rate schedule, refresh interval, sequence lengths: the profile's) by the embedded
+run (``ance-train run``: trainer, inferencers and indexer as processes). For each run the
+checkpoint with the best **dev** nDCG@10 (the slice held out of train) is selected, and the
+**test** split is reported for that checkpoint only. References: BM25 (bm25s, k1=0.9,
+b=0.4 as in BEIR/Anserini) and zero-shot MiniLM (checkpoint 0 of every run: the pretrained
+model, evaluated by the same indexer code).
+
+    python bench/quality.py --profile cpu               # ≤ 60 min on 2 CPU cores
+    python bench/quality.py --profile gpu --seeds 13 42 77
+
+Writes ``quality-<profile>.json``, ``quality-<profile>.md`` and plots (test nDCG@10 per
+refresh, training loss, forgetting rate) into ``--out`` (default docs/benchmarks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from report import command_line, machine, utc_now
+
+REPO = Path(__file__).resolve().parents[1]
+METHODS_DIR = REPO / "configs" / "methods"
+ALL_METHODS = ["in-batch", "random", "bm25", "bm25-random", "ance", "simans", "ance-tele",
+               "dance"]
+REPORTED = ("ndcg@10", "mrr@10", "recall@100")
+
+# The shared budget of every method. `cpu` is reduced to fit 60 minutes on 2 cores: shorter
+# documents (96 tokens), 30 steps, one seed; `gpu` is the full comparison.
+PROFILES: dict[str, dict] = {
+    "cpu": {"training": {"steps": 30, "batch_size": 16, "learning_rate": 2e-5,
+                         "warmup_steps": 3, "refresh_every": 15, "torch_threads": 1},
+            "model": {"max_query_length": 48, "max_doc_length": 96},
+            "inference": {"replicas": 2, "shard_size": 500, "batch_size": 32,
+                          "torch_threads": 1},
+            "seeds": [13]},
+    "gpu": {"training": {"steps": 2000, "batch_size": 64, "learning_rate": 2e-5,
+                         "warmup_steps": 100, "refresh_every": 250},
+            "model": {"max_query_length": 64, "max_doc_length": 256},
+            "inference": {"replicas": 1, "shard_size": 1000, "batch_size": 256},
+            "seeds": [13, 42, 77]},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
+    parser.add_argument("--methods", nargs="+", default=ALL_METHODS)
+    parser.add_argument("--seeds", nargs="+", type=int, help="Override the profile's seeds.")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared/data/scifact")
+    parser.add_argument("--model", help="Encoder directory (default: the MiniLM package).")
+    parser.add_argument("--steps", type=int, help="Override the profile's steps (tests).")
+    parser.add_argument("--refresh-every", type=int, help="Override the refresh interval.")
+    parser.add_argument("--max-doc-length", type=int, help="Override the document length.")
+    parser.add_argument("--runs-dir", type=Path, help="Where runs go (default: a temp dir).")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    parser.add_argument("--max-minutes-per-run", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.methods) - set(ALL_METHODS))
+    if unknown:
+        parser.error(f"unknown methods {unknown}; choose from {ALL_METHODS}")
+    return args
+
+
+def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:
+    """The method's own file with the profile's shared budget laid over it."""
+    raw = yaml.safe_load((METHODS_DIR / f"{method}.yaml").read_text())
+    profile = PROFILES[args.profile]
+    raw["run_id"] = f"{method}-s{seed}"
+    raw["output_dir"] = str(runs_dir)
+    raw["data"]["path"] = str(args.data.resolve())
+    raw["training"] = {**raw.get("training", {}), **profile["training"], "seed": seed}
+    raw["model"] = {**raw.get("model", {}), **profile["model"]}
+    raw["inference"] = {**raw.get("inference", {}), **profile["inference"]}
+    if args.model:
+        raw["model"]["path"] = args.model
+    if args.steps:
+        raw["training"]["steps"] = args.steps
+        raw["training"]["warmup_steps"] = max(1, args.steps // 10)
+    if args.refresh_every:
+        raw["training"]["refresh_every"] = args.refresh_every
+    if args.max_doc_length:
+        raw["model"]["max_doc_length"] = args.max_doc_length
+    negatives = raw.setdefault("negatives", {})
+    if negatives.get("warmup_steps"):  # BM25 → X: warm up for one refresh interval
+        negatives["warmup_steps"] = min(raw["training"]["refresh_every"],
+                                        raw["training"]["steps"] - 1)
+    return raw
+
+
+def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:
+    config = method_config(method, seed, args, runs_dir)
+    config_path = runs_dir / f"{config['run_id']}.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "ance_train.cli", "run", "--config",
+                             str(config_path), "--overwrite", "--max-minutes",
+                             str(args.max_minutes_per_run)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{method} (seed {seed}) failed:\n{result.stdout[-3000:]}"
+                           f"\n{result.stderr[-3000:]}")
+    run_dir = runs_dir / config["run_id"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    store = run_dir / "store" / config["run_id"] / "eval"
+    refreshes = []
+    for evaluation in summary["evaluations"]:
+        stored = json.loads((store / f"{evaluation['step']}.json").read_text())
+        refreshes.append({"step": evaluation["step"], "metrics": evaluation["metrics"],
+                          "diagnostics": stored.get("diagnostics", {})})
+    best = max(refreshes, key=lambda r: (r["metrics"]["dev"]["ndcg@10"], -r["step"]))
+    trainer = summary["trainer"]
+    return {"method": method, "seed": seed, "minutes": (time.monotonic() - started) / 60,
+            "selected_step": best["step"], "dev": best["metrics"]["dev"],
+            "test": best["metrics"]["test"], "refreshes": refreshes,
+            "losses": trainer["losses"], "swaps": trainer["swaps"],
+            "config": config}
+
+
+def bm25_reference(args: argparse.Namespace) -> dict:
+    """bm25s with BEIR's k1=0.9, b=0.4 on the same dev slice and the test split."""
+    import bm25s
+
+    from ance_train.common.config import DataConfig
+    from ance_train.common.data import Corpus, DatasetFiles, validate_dataset
+    from ance_train.common.evaluation import evaluate
+
+    method_data = yaml.safe_load((METHODS_DIR / "ance.yaml").read_text())["data"]
+    cfg = DataConfig(**{**method_data, "path": str(args.data.resolve())})
+    with tempfile.TemporaryDirectory() as cache:
+        dataset = validate_dataset(cfg, Path(cache), seed=cfg.split_seed)
+        corpus = Corpus(DatasetFiles.resolve(cfg), Path(cache) / "doc_offsets.npy", cfg.format)
+        texts = [text for _, text in corpus.iter_range(0, len(corpus))]
+    retriever = bm25s.BM25(k1=0.9, b=0.4)
+    retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
+                    show_progress=False)
+    results = {}
+    for split in ("dev", "test"):
+        qrels = getattr(dataset, split)
+        qids = sorted(qrels)
+        tokens = bm25s.tokenize([dataset.queries[q] for q in qids], stopwords="en",
+                                show_progress=False)
+        ranked, scores = retriever.retrieve(tokens, k=min(1000, len(texts)), show_progress=False)
+        run = {q: {str(int(d)): float(s) for d, s in zip(r, sc, strict=True)}
+               for q, r, sc in zip(qids, ranked, scores, strict=True)}
+        results[split] = evaluate(run, {q: {str(d): rel for d, rel in rels.items()}
+                                        for q, rels in qrels.items()})
+    return results
+
+
+def mean_std(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def aggregate(runs: list[dict]) -> dict:
+    by_method: dict[str, list[dict]] = {}
+    for run in runs:
+        by_method.setdefault(run["method"], []).append(run)
+    return {method: {split: {name: mean_std([r[split][name] for r in method_runs])
+                             for name in REPORTED} for split in ("dev", "test")}
+            for method, method_runs in by_method.items()}
+
+
+def render_markdown(report: dict) -> str:
+    def cell(stats: dict) -> str:
+        return (f"{stats['mean']:.4f} ± {stats['std']:.4f}" if stats["n"] > 1
+                else f"{stats['mean']:.4f}")
+
+    lines = [f"# Retrieval quality on SciFact ({report['profile']} profile)", "",
+             f"Command: `{report['command']}`", "",
+             f"Machine: {report['machine']['cpu']} — {report['machine']['cores']} cores, "
+             f"GPU: {report['machine']['gpu'] or 'none'}, torch {report['machine']['torch']}; "
+             f"{report['date']}; {report['minutes']:.1f} min in all", "",
+             f"Budget per method: {json.dumps(report['budget'])}; seeds {report['seeds']}. "
+             "Checkpoints selected on dev nDCG@10; test reported for the selected one.", "",
+             "| method | selected checkpoint(s) | dev nDCG@10 | test nDCG@10 | test MRR@10 | "
+             "test R@100 |", "|---|---|---:|---:|---:|---:|"]
+    for name, ref in report["references"].items():
+        lines.append(f"| {name} (reference) | – | {ref['dev']['ndcg@10']:.4f} | "
+                     f"{ref['test']['ndcg@10']:.4f} | {ref['test']['mrr@10']:.4f} | "
+                     f"{ref['test']['recall@100']:.4f} |")
+    for method, stats in report["aggregate"].items():
+        steps = [str(r["selected_step"]) for r in report["runs"] if r["method"] == method]
+        lines.append(f"| {method} | {', '.join(steps)} | {cell(stats['dev']['ndcg@10'])} | "
+                     f"{cell(stats['test']['ndcg@10'])} | {cell(stats['test']['mrr@10'])} | "
+                     f"{cell(stats['test']['recall@100'])} |")
+    lines += ["", "Plots: " + ", ".join(f"`{p}`" for p in report["plots"]), ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    panels = [("test-ndcg", "test nDCG@10 per refresh",
+               lambda r: ([x["step"] for x in r["refreshes"]],
+                          [x["metrics"]["test"]["ndcg@10"] for x in r["refreshes"]])),
+              ("loss", "training loss",
+               lambda r: (list(range(1, len(r["losses"]) + 1)), r["losses"])),
+              ("forgetting", "forgetting rate (share of training queries whose MRR@100 dropped)",
+               lambda r: ([x["step"] for x in r["refreshes"]
+                           if "forgetting_rate" in x["diagnostics"]],
+                          [x["diagnostics"]["forgetting_rate"] for x in r["refreshes"]
+                           if "forgetting_rate" in x["diagnostics"]]))]
+    for slug, title, series in panels:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for run in report["runs"]:
+            xs, ys = series(run)
+            ax.plot(xs, ys, marker="o" if slug != "loss" else None,
+                    label=f"{run['method']} (seed {run['seed']})")
+        if slug == "test-ndcg":
+            for name, ref in report["references"].items():
+                ax.axhline(ref["test"]["ndcg@10"], linestyle="--", color="grey", linewidth=1)
+                ax.annotate(name, (0, ref["test"]["ndcg@10"]), fontsize=8)
+        ax.set_title(f"{title} — {report['profile']} profile")
+        ax.set_xlabel("training step")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        name = f"quality-{report['profile']}-{slug}.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    seeds = args.seeds or PROFILES[args.profile]["seeds"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ance-quality-") as scratch:
+        runs_dir = (args.runs_dir or Path(scratch)).resolve()
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        runs = []
+        for method in args.methods:
+            for seed in seeds:
+                print(f"[quality] {method} seed {seed} ...", flush=True)
+                run = run_method(method, seed, args, runs_dir)
+                runs.append(run)
+                print(f"[quality] {method} seed {seed}: checkpoint {run['selected_step']} "
+                      f"dev nDCG@10 {run['dev']['ndcg@10']:.4f} "
+                      f"test nDCG@10 {run['test']['ndcg@10']:.4f} ({run['minutes']:.1f} min)",
+                      flush=True)
+    zero_shot = runs[0]["refreshes"][0]["metrics"]
+    report = {
+        "command": command_line(), "date": utc_now(), "machine": machine(),
+        "profile": args.profile, "seeds": seeds, "methods": args.methods,
+        "budget": {key: method_config(args.methods[0], seeds[0], args, Path("runs"))[key]
+                   for key in ("training", "model", "inference")},
+        "references": {"BM25 (bm25s k1=0.9 b=0.4)": bm25_reference(args),
+                       "zero-shot MiniLM": {"dev": zero_shot["dev"], "test": zero_shot["test"]}},
+        "aggregate": aggregate(runs), "runs": runs,
+        "minutes": (time.monotonic() - started) / 60,
+    }
+    report["plots"] = plot(report, args.out)
+    stem = args.out / f"quality-{args.profile}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    stem.with_suffix(".md").write_text(render_markdown(report))
+    print(render_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

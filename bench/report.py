@@ -1,0 +1,38 @@
+"""What every benchmark records beside its numbers: the exact command, the machine, the date."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def command_line() -> str:
+    return shlex.join([Path(sys.executable).name, *sys.argv])
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def machine(device: str = "cpu") -> dict:
+    import torch
+    import transformers
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"platform": platform.platform(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "gpu": gpu, "device": device, "torch": torch.__version__,
+            "transformers": transformers.__version__}
