@@ -85,6 +85,16 @@ def test_random_negatives(tmp_path, scifact_subset, small_model) -> None:
     assert set(run["trainer"]["hard_negatives"]) == {BATCH * 2}
 
 
+def test_bm25_warmup_then_random(tmp_path, scifact_subset, small_model) -> None:
+    run = run_strategy(tmp_path, scifact_subset, small_model,
+                       {"pool": "random", "per_query": 1, "warmup": "bm25", "warmup_steps": 10})
+    common_checks(run)
+    used = run["trainer"]["negatives_steps"]
+    assert used[:10] == [-1] * 10, "BM25 negatives during the warm-up"
+    assert used[10:] == [None] * (STEPS - 10), "random negatives (no table) afterwards"
+    assert set(run["trainer"]["hard_negatives"]) == {BATCH}
+
+
 def test_bm25_negatives(tmp_path, scifact_subset, small_model) -> None:
     run = run_strategy(tmp_path, scifact_subset, small_model, {"pool": "bm25"})
     common_checks(run)

@@ -710,6 +710,21 @@ def test_negatives_picker_warmup_and_pools() -> None:
     assert rand.pick(3)[0] is random and not rand.needs_wait()
     assert picker.needs_wait()  # control: an ANN pool does wait for its first table
 
+    # BM25 → X for a pool without ANN tables (ANCE Table 1 "BM25 → Rand"): BM25 for the
+    # warm-up steps only, then the pool; step 1 waits for the BM25 table.
+    warm_random = NegativesPicker(NegativesConfig(pool="random", warmup="bm25", warmup_steps=5),
+                                  SimpleNamespace(bm25=None, ann=None), random)
+    assert warm_random.needs_wait() and not warm_random.ready()
+    warm_random.tables.bm25 = bm25
+    assert warm_random.ready()
+    assert [warm_random.pick(s)[1] for s in (1, 5)] == [-1, -1]
+    assert warm_random.pick(6) == (random, None)
+    warm_in_batch = NegativesPicker(
+        NegativesConfig(pool="in_batch", warmup="bm25", warmup_steps=3), holder, random)
+    assert warm_in_batch.pick(3)[0] is bm25 and warm_in_batch.pick(4) == (None, None)
+    no_warm = NegativesPicker(NegativesConfig(pool="random", warmup="bm25"), holder, random)
+    assert no_warm.pick(1) == (random, None) and not no_warm.needs_wait()
+
 
 # --------------------------------------------------------------------------- 6. Diagnostics
 

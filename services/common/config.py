@@ -134,7 +134,8 @@ class NegativesConfig(_Strict):
 
     @property
     def uses_bm25(self) -> bool:
-        return self.pool in ("bm25", "bm25_random") or (self.mines_ann and self.warmup == "bm25")
+        warms_up = self.warmup == "bm25" and (self.mines_ann or self.warmup_steps > 0)
+        return self.pool in ("bm25", "bm25_random") or warms_up
 
 
 class InferenceConfig(_Strict):
@@ -199,9 +200,11 @@ class RunConfig(_Strict):
                              f"ann or tele, not {neg.pool}")
         if neg.warmup_steps and neg.warmup != "bm25":
             raise ValueError("negatives.warmup_steps is set but negatives.warmup is not bm25")
-        if neg.warmup_steps and not neg.mines_ann:
-            raise ValueError(f"negatives.warmup_steps (BM25 → X) needs pool ann or tele, "
-                             f"not {neg.pool}")
+        if neg.warmup_steps and neg.pool == "bm25":
+            raise ValueError("negatives.warmup_steps: pool bm25 is BM25 throughout; a BM25 "
+                             "warm-up goes before another pool (BM25 → X)")
+        if neg.warmup_steps and neg.per_query == 0:
+            raise ValueError("negatives.warmup_steps needs negatives.per_query > 0")
         if neg.remine_fraction < 1.0 and neg.pool != "ann":
             raise ValueError("negatives.remine_fraction applies to pool ann only")
         if neg.dual_weight > 0 and self.model.similarity != "cosine":

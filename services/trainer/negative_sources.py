@@ -69,10 +69,22 @@ class NegativesPicker:
         self.tables = tables
         self.random = random
 
+    def _warming(self, step: int) -> bool:
+        """BM25 warm-up ("BM25 → X", ANCE Table 1): the first ``warmup_steps`` steps, and for
+        ANN pools also every step until the first ANN table has arrived."""
+        cfg = self.config
+        if cfg.warmup != "bm25":
+            return False
+        return step <= cfg.warmup_steps or (cfg.mines_ann and self.tables.ann is None)
+
     def pick(self, step: int) -> tuple[NegativeSource | None, int | None]:
         """The source for ``step`` and the step of the table it comes from (-1: BM25)."""
         cfg, bm25, ann = self.config, self.tables.bm25, self.tables.ann
-        if cfg.pool == "in_batch" or cfg.per_query == 0:
+        if cfg.per_query == 0:
+            return None, None
+        if self._warming(step) and bm25 is not None:
+            return bm25, -1
+        if cfg.pool == "in_batch":
             return None, None
         if cfg.pool == "random":
             return self.random, None
@@ -82,9 +94,6 @@ class NegativesPicker:
             if bm25 is None:
                 return None, None
             return MixedNegatives(bm25, self.random), -1
-        warming = cfg.warmup == "bm25" and (step <= cfg.warmup_steps or ann is None)
-        if warming and bm25 is not None:
-            return bm25, -1
         if ann is not None:
             return ann, ann.step
         return None, None
@@ -92,8 +101,12 @@ class NegativesPicker:
     def needs_wait(self) -> bool:
         """Whether step 1 has a table to wait for (``negatives.wait_for_first``)."""
         cfg = self.config
-        return cfg.wait_for_first and cfg.per_query > 0 and cfg.pool not in ("in_batch",
-                                                                               "random")
+        if not cfg.wait_for_first or cfg.per_query == 0:
+            return False
+        return self._warming(1) or cfg.pool not in ("in_batch", "random")
 
     def ready(self) -> bool:
+        """Whether the source meant for step 1 is there."""
+        if self._warming(1):
+            return self.tables.bm25 is not None
         return self.pick(1)[0] is not None
