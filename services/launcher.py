@@ -151,7 +151,7 @@ class EmbeddedRun:
         task = progress.add_task("starting", total=self.config.training.steps)
         with progress:
             while True:
-                self._check_children(final_step is not None)
+                self._check_children()
                 for event in bus.read_all(events.EVAL_COMPLETED, after=cursor, block_ms=1000):
                     cursor = event.entry_id
                     entry = {"step": event.step, "metrics": event.payload["metrics"],
@@ -195,7 +195,8 @@ class EmbeddedRun:
         return (f"step {trainer.step} {loss_text} | negatives from ckpt {trainer.index_step} | "
                 f"indexer: {reply.progress.phase}")
 
-    def _check_children(self, trainer_may_exit: bool) -> None:
+    def _check_children(self) -> None:
+        """Abort if a service died; the trainer alone may exit (with 0) when it finishes."""
         for child in self.children:
             code = child.process.poll()
             if code is None:

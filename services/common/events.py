@@ -30,8 +30,6 @@ EVAL_COMPLETED = "eval.completed"
 WORK_QUEUE = "work"
 RUN_FINISHED = "run.finished"
 
-EVENT_TYPES = (CHECKPOINT_PUBLISHED, SHARD_ENCODED, NEGATIVES_READY, EVAL_COMPLETED, RUN_FINISHED)
-
 
 @dataclass(frozen=True)
 class Event:

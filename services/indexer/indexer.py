@@ -79,9 +79,8 @@ class Indexer:
         if step in self.plans:
             return
         self.plans[step] = RefreshPlan.from_payload(step, event.payload)
-        present = set(self.ctx.store.list(f"embeddings/{step}/"))
-        self.received[step] = {f"embeddings/{step}/{key}" if not key.startswith("embeddings/")
-                               else key for key in present}
+        # Shards already in the store count (an indexer restarted mid-refresh loses nothing).
+        self.received[step] = set(self.ctx.store.list(f"embeddings/{step}"))
 
     def poll(self, block_ms: int) -> None:
         bus = self.ctx.bus
