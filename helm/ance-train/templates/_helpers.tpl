@@ -1,0 +1,364 @@
+{{/* Chart name. */}}
+{{- define "ance-train.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Prefix of every object: the release name, with the chart name unless it contains it. */}}
+{{- define "ance-train.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "ance-train.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ance-train.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ance-train.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "ance-train.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Selector of the release's ance pods (trainer, inferencers, indexer). */}}
+{{- define "ance-train.ancePodSelector" -}}
+matchLabels:
+  {{- include "ance-train.selectorLabels" . | nindent 2 }}
+  ance-train.io/service: "true"
+{{- end }}
+
+{{- define "ance-train.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ance-train.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "ance-train.secretName" -}}
+{{- default (printf "%s-credentials" (include "ance-train.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}
+
+{{- define "ance-train.configMapName" -}}
+{{- printf "%s-config" (include "ance-train.fullname" .) }}
+{{- end }}
+
+{{- define "ance-train.ancerunName" -}}
+{{- include "ance-train.fullname" . }}
+{{- end }}
+
+{{- define "ance-train.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "ance-train.redisHost" -}}
+{{- if .Values.redis.enabled }}
+{{- printf "%s-redis" (include "ance-train.fullname" .) }}
+{{- else }}
+{{- required "externalRedis.host is required when redis.enabled is false" .Values.externalRedis.host }}
+{{- end }}
+{{- end }}
+
+{{- define "ance-train.redisPort" -}}
+{{- if .Values.redis.enabled }}6379{{ else }}{{ .Values.externalRedis.port | int }}{{ end }}
+{{- end }}
+
+{{- define "ance-train.redisUrl" -}}
+{{- $db := ternary 0 (.Values.externalRedis.db | int) .Values.redis.enabled }}
+{{- printf "redis://%s:%s/%d" (include "ance-train.redisHost" .) (include "ance-train.redisPort" .) $db }}
+{{- end }}
+
+{{- define "ance-train.s3Endpoint" -}}
+{{- if .Values.minio.enabled }}
+{{- printf "%s-minio:9000" (include "ance-train.fullname" .) }}
+{{- else }}
+{{- required "externalS3.endpoint is required when minio.enabled is false" .Values.externalS3.endpoint }}
+{{- end }}
+{{- end }}
+
+{{- define "ance-train.s3Port" -}}
+{{- if .Values.minio.enabled }}9000
+{{- else }}
+{{- $parts := splitList ":" .Values.externalS3.endpoint }}
+{{- if gt (len $parts) 1 }}{{ last $parts }}{{ else }}{{ ternary 443 80 .Values.externalS3.secure }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* A secretKeyRef into the credentials Secret; args: (list $ctx keyField). Never optional:
+     in cluster mode the services refuse to start without every credential. */}}
+{{- define "ance-train.secretRef" -}}
+{{- $ctx := index . 0 -}}
+secretKeyRef:
+  name: {{ include "ance-train.secretName" $ctx }}
+  key: {{ index $ctx.Values.auth.secretKeys (index . 1) }}
+{{- end }}
+
+{{/* Environment of every ance container (the contract with services/: ANCE_*). */}}
+{{- define "ance-train.env" -}}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: ANCE_INSTANCE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: ANCE_K8S_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: ANCE_CONFIG
+  value: /etc/ance/config.yaml
+- name: ANCE_REDIS_URL
+  value: {{ include "ance-train.redisUrl" . | quote }}
+- name: ANCE_REDIS_PASSWORD
+  valueFrom:
+    {{- include "ance-train.secretRef" (list . "redisPassword") | nindent 4 }}
+- name: ANCE_S3_ENDPOINT
+  value: {{ include "ance-train.s3Endpoint" . | quote }}
+- name: ANCE_S3_BUCKET
+  value: {{ .Values.s3.bucket | quote }}
+- name: ANCE_S3_SECURE
+  value: {{ ternary "0" (ternary "1" "0" .Values.externalS3.secure) .Values.minio.enabled | quote }}
+- name: ANCE_S3_ACCESS_KEY
+  valueFrom:
+    {{- include "ance-train.secretRef" (list . "s3AccessKey") | nindent 4 }}
+- name: ANCE_S3_SECRET_KEY
+  valueFrom:
+    {{- include "ance-train.secretRef" (list . "s3SecretKey") | nindent 4 }}
+- name: ANCE_WORK_DIR
+  value: /work
+- name: ANCE_GRPC_HOST
+  value: 0.0.0.0
+- name: ANCE_GRPC_PORT
+  value: "50051"
+- name: ANCE_ADVERTISE_ADDRESS
+  value: $(POD_IP):50051
+- name: ANCE_METRICS_PORT
+  value: "9100"
+- name: ANCE_CLUSTER_MODE
+  value: "1"
+- name: ANCE_ANCERUN
+  value: {{ include "ance-train.ancerunName" . | quote }}
+- name: HOME
+  value: /tmp
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "ance-train.volumeMounts" -}}
+- name: config
+  mountPath: /etc/ance
+  readOnly: true
+- name: data
+  mountPath: /data
+  readOnly: true
+  {{- with .Values.data.subPath }}
+  subPath: {{ . }}
+  {{- end }}
+- name: work
+  mountPath: /work
+- name: tmp
+  mountPath: /tmp
+{{- end }}
+
+{{- define "ance-train.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "ance-train.configMapName" . }}
+- name: data
+  persistentVolumeClaim:
+    claimName: {{ .Values.data.existingClaim }}
+    readOnly: true
+- name: work
+  emptyDir:
+    {{- with .Values.workDir.medium }}
+    medium: {{ . }}
+    {{- end }}
+    {{- with .Values.workDir.sizeLimit }}
+    sizeLimit: {{ . }}
+    {{- end }}
+- name: tmp
+  emptyDir:
+    {{- with .Values.tmpDir.sizeLimit }}
+    sizeLimit: {{ . }}
+    {{- end }}
+{{- end }}
+
+{{/* requests/limits with the role's GPUs added to both; args: (list $ctx resources gpus). */}}
+{{- define "ance-train.resources" -}}
+{{- $ctx := index . 0 -}}
+{{- $res := deepCopy (index . 1 | default dict) }}
+{{- $gpus := index . 2 | int }}
+{{- if gt $gpus 0 }}
+{{- $_ := set $res "requests" (merge (dict $ctx.Values.gpuResourceName $gpus) ($res.requests | default dict)) }}
+{{- $_ := set $res "limits" (merge (dict $ctx.Values.gpuResourceName $gpus) ($res.limits | default dict)) }}
+{{- end }}
+{{- toYaml $res }}
+{{- end }}
+
+{{/* gRPC probes on the health service; every ance container serves it on port 50051. */}}
+{{- define "ance-train.probes" -}}
+startupProbe:
+  grpc:
+    port: 50051
+  {{- toYaml .Values.probes.startup | nindent 2 }}
+readinessProbe:
+  grpc:
+    port: 50051
+  {{- toYaml .Values.probes.readiness | nindent 2 }}
+livenessProbe:
+  grpc:
+    port: 50051
+  {{- toYaml .Values.probes.liveness | nindent 2 }}
+{{- end }}
+
+{{- define "ance-train.ports" -}}
+- name: grpc
+  containerPort: 50051
+  protocol: TCP
+- name: metrics
+  containerPort: 9100
+  protocol: TCP
+{{- end }}
+
+{{/* A Deployment of one ance role; args: (dict "ctx" $ "role" "trainer" "replicas" N
+     "strategy" "Recreate" "initPrepare" bool). */}}
+{{- define "ance-train.deployment" -}}
+{{- $ctx := .ctx }}
+{{- $role := .role }}
+{{- $spec := index $ctx.Values $role }}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "ance-train.fullname" $ctx }}-{{ $role }}
+  labels:
+    {{- include "ance-train.labels" $ctx | nindent 4 }}
+    app.kubernetes.io/component: {{ $role }}
+spec:
+  replicas: {{ .replicas }}
+  {{- if .strategy }}
+  strategy:
+    type: {{ .strategy }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "ance-train.selectorLabels" $ctx | nindent 6 }}
+      app.kubernetes.io/component: {{ $role }}
+  template:
+    metadata:
+      labels:
+        {{- include "ance-train.selectorLabels" $ctx | nindent 8 }}
+        app.kubernetes.io/component: {{ $role }}
+        ance-train.io/service: "true"
+        {{- with $ctx.Values.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      annotations:
+        {{- /* Restarts the pods when the run config changes; independent of replicas. */}}
+        checksum/config: {{ include (print $ctx.Template.BasePath "/configmap.yaml") $ctx | sha256sum }}
+        {{- with $ctx.Values.podAnnotations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+    spec:
+      serviceAccountName: {{ include "ance-train.serviceAccountName" $ctx }}
+      automountServiceAccountToken: true
+      {{- with $ctx.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $ctx.Values.podSecurityContext | nindent 8 }}
+      {{- if .initPrepare }}
+      initContainers:
+        - name: prepare
+          image: {{ include "ance-train.image" $ctx }}
+          imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
+          args: ["prepare"]
+          env:
+            {{- include "ance-train.env" $ctx | nindent 12 }}
+          volumeMounts:
+            {{- include "ance-train.volumeMounts" $ctx | nindent 12 }}
+          resources:
+            {{- toYaml $spec.prepare.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $ctx.Values.containerSecurityContext | nindent 12 }}
+      {{- end }}
+      containers:
+        - name: {{ $role }}
+          image: {{ include "ance-train.image" $ctx }}
+          imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
+          args: ["serve", {{ $role | quote }}]
+          ports:
+            {{- include "ance-train.ports" $ctx | nindent 12 }}
+          env:
+            {{- include "ance-train.env" $ctx | nindent 12 }}
+          volumeMounts:
+            {{- include "ance-train.volumeMounts" $ctx | nindent 12 }}
+          {{- include "ance-train.probes" $ctx | nindent 10 }}
+          resources:
+            {{- include "ance-train.resources" (list $ctx $spec.resources $spec.gpus) | nindent 12 }}
+          securityContext:
+            {{- toYaml $ctx.Values.containerSecurityContext | nindent 12 }}
+      volumes:
+        {{- include "ance-train.volumes" $ctx | nindent 8 }}
+      {{- with $spec.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $spec.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $spec.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end }}
+
+{{/* The ClusterIP Service of one ance role: gRPC and metrics. */}}
+{{- define "ance-train.service" -}}
+{{- $ctx := .ctx }}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "ance-train.fullname" $ctx }}-{{ .role }}
+  labels:
+    {{- include "ance-train.labels" $ctx | nindent 4 }}
+    app.kubernetes.io/component: {{ .role }}
+    ance-train.io/service: "true"
+spec:
+  type: ClusterIP
+  selector:
+    {{- include "ance-train.selectorLabels" $ctx | nindent 4 }}
+    app.kubernetes.io/component: {{ .role }}
+  ports:
+    - name: grpc
+      port: 50051
+      targetPort: grpc
+      protocol: TCP
+      appProtocol: grpc
+    - name: metrics
+      port: 9100
+      targetPort: metrics
+      protocol: TCP
+{{- end }}
+
+{{/* NetworkPolicy egress rule: DNS to any resolver. */}}
+{{- define "ance-train.dnsEgress" -}}
+- ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- end }}

@@ -1,0 +1,778 @@
+"""The Helm chart (helm/ance-train) and the container images (docker/).
+
+Rendering and linting are done by real Helm (Helm's Go SDK through helm-python-sdk, see
+helm_render.py); Kubernetes objects are validated against the Kubernetes OpenAPI schemas that
+kubernetes-validate ships. No Kubernetes API server can run here, so nothing is installed:
+what an install would create is checked object by object. Which kinds are validated how:
+
+- every built-in kind (Deployment, StatefulSet, Service, Secret, ConfigMap, ServiceAccount,
+  Role, RoleBinding, NetworkPolicy, CustomResourceDefinition): kubernetes-validate, strict;
+- AnceRun: the openAPIV3Schema of the chart's own CRD (jsonschema);
+- ServiceMonitor (Prometheus Operator, no schema here): the fields it needs, asserted one by
+  one in test_service_monitor_scrapes_every_ance_service.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+
+from ance_train.common.config import parse_config
+
+from helm_render import (
+    CHART_DIR,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    REPO_ROOT,
+    HelmError,
+    containers,
+    find,
+    lint_chart,
+    one,
+    pod_spec,
+    render_chart,
+    render_crds,
+    render_manifests,
+    render_notes,
+)
+
+PRODUCTION = Path(__file__).parent / "fixtures" / "helm" / "values-production.yaml"
+FULLNAME = "ance-train"  # release "ance-train" of chart "ance-train"
+ROLES = ("trainer", "inferencer", "indexer")
+CUSTOM_KINDS = {"AnceRun", "ServiceMonitor"}  # validated as the module docstring says
+
+# The environment contract between the chart and services/ (see docs/deployment.md).
+CONTRACT_ENV = {
+    "ANCE_CONFIG", "ANCE_REDIS_URL", "ANCE_REDIS_PASSWORD", "ANCE_S3_ENDPOINT",
+    "ANCE_S3_BUCKET", "ANCE_S3_SECURE", "ANCE_S3_ACCESS_KEY", "ANCE_S3_SECRET_KEY",
+    "ANCE_WORK_DIR", "ANCE_GRPC_HOST", "ANCE_GRPC_PORT", "ANCE_INSTANCE",
+    "ANCE_ADVERTISE_ADDRESS", "ANCE_METRICS_PORT", "ANCE_CLUSTER_MODE", "ANCE_K8S_NAMESPACE",
+    "ANCE_ANCERUN",
+}
+SECRET_ENV = {"ANCE_REDIS_PASSWORD", "ANCE_S3_ACCESS_KEY", "ANCE_S3_SECRET_KEY"}
+
+
+@pytest.fixture(scope="module")
+def default_objects() -> list[dict[str, Any]]:
+    return render_chart()
+
+
+@pytest.fixture(scope="module")
+def production_objects() -> list[dict[str, Any]]:
+    return render_chart(values_files=[PRODUCTION])
+
+
+def ance_workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {role: one(objects, "Deployment", f"{FULLNAME}-{role}") for role in ROLES}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in container.get("env", [])}
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels / matchExpressions) selects labels."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions", []):
+        present, value, listed = expr["key"] in labels, labels.get(expr["key"]), expr.get(
+            "values", [])
+        if not {"In": value in listed, "NotIn": value not in listed, "Exists": present,
+                "DoesNotExist": not present}[expr["operator"]]:
+            return False
+    return True
+
+
+def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+# --------------------------------------------------------------------------- helm lint
+
+
+@pytest.mark.parametrize("values_files", [[], [PRODUCTION]], ids=["defaults", "production"])
+def test_helm_lint_strict_passes(values_files: list[Path]) -> None:
+    result = lint_chart(values_files=values_files)
+    assert result.ok, result.errors
+    # Helm did lint the chart: its informational findings are reported.
+    assert any(m["path"] == "Chart.yaml" for m in result.messages)
+
+
+@pytest.mark.parametrize(
+    ("template", "old", "new", "expected"),
+    [
+        # A template function that does not exist: a parse error.
+        ("inferencer.yaml", '"replicas" (.Values.inferencer.replicas | int)',
+         '"replicas" (.Values.inferencer.replicas | nosuchfunction)', "nosuchfunction"),
+        # Valid template syntax whose output is not valid YAML.
+        ("configmap.yaml", "  config.yaml: |", "config.yaml: : |", "configmap.yaml"),
+    ],
+    ids=["template-error", "yaml-error"],
+)
+def test_broken_template_fails_lint_and_render(
+    tmp_path: Path, template: str, old: str, new: str, expected: str
+) -> None:
+    chart = tmp_path / "ance-train"
+    shutil.copytree(CHART_DIR, chart)
+    path = chart / "templates" / template
+    text = path.read_text()
+    assert old in text, f"{template} changed: update this test's breakage"
+    path.write_text(text.replace(old, new))
+
+    result = lint_chart(chart_dir=chart)
+    assert not result.ok
+    assert any(expected in error for error in result.errors), result.errors
+    with pytest.raises((HelmError, yaml.YAMLError)):
+        render_chart(chart_dir=chart)
+
+
+# --------------------------------------------------------------------------- values schema
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"inferencer": {"replicas": -1}}, "/inferencer/replicas"),
+        ({"inferencer": {"replicas": "four"}}, "/inferencer/replicas"),
+        ({"inferencer": {"replicas": 2, "replica": 3}}, "replica"),
+        ({"replicas": 3}, "replicas"),
+        ({"trainer": {"gpus": 0.5}}, "/trainer/gpus"),
+        ({"run": {"id": "Not_A_Valid_Id"}}, "/run/id"),
+        ({"run": {"config": {"run_id": "x"}}}, "/run/config"),
+        ({"redis": {"enabled": False}}, "/externalRedis/host"),
+        ({"minio": {"enabled": False}}, "/externalS3/endpoint"),
+        ({"externalS3": {"endpoint": "https://s3.example.internal"}}, "/externalS3/endpoint"),
+        ({"redis": {"image": {"pullPolicy": "Sometimes"}}}, "/redis/image/pullPolicy"),
+    ],
+)
+def test_values_schema_rejects_bad_values(values: dict[str, Any], field: str) -> None:
+    with pytest.raises(HelmError) as failure:
+        render_manifests(values)
+    message = str(failure.value)
+    assert "schema" in message or "at '" in message, message
+    assert field in message, message
+
+
+def test_lint_reports_the_bad_field() -> None:
+    result = lint_chart({"inferencer": {"replicas": -1}})
+    assert not result.ok
+    assert any("/inferencer/replicas" in error for error in result.errors), result.errors
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"networkPolicy": {"enabled": False}, "serviceAccount": {"create": False}},
+        {"auth": {"redisPassword": "r" * 12, "s3AccessKey": "a" * 12, "s3SecretKey": "s" * 12}},
+    ],
+    ids=["defaults", "no-netpol-no-sa", "given-credentials"],
+)
+def test_objects_validate_against_kubernetes_schemas(variant: dict[str, Any]) -> None:
+    _validate_all(render_chart(variant))
+
+
+def test_production_objects_validate_against_kubernetes_schemas(
+    production_objects: list[dict[str, Any]],
+) -> None:
+    _validate_all(production_objects)
+
+
+def _validate_all(objects: list[dict[str, Any]]) -> None:
+    """Validate every object; a kind kubernetes-validate has no schema for and that is not
+    in CUSTOM_KINDS raises SchemaNotFoundError, so nothing is skipped silently."""
+    crd_schema = _ancerun_schema()
+    how: dict[str, str] = {}
+    for obj in objects:
+        assert obj["metadata"]["name"], obj
+        if obj["kind"] == "AnceRun":
+            jsonschema.Draft7Validator(crd_schema).validate(obj)
+            how[obj["kind"]] = "crd"
+        elif obj["kind"] == "ServiceMonitor":
+            how[obj["kind"]] = "asserted"  # test_service_monitor_scrapes_every_ance_service
+        else:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+            how[obj["kind"]] = "kubernetes"
+    assert how["AnceRun"] == "crd"
+    assert {"CustomResourceDefinition", "Deployment", "Service", "ConfigMap", "Role",
+            "RoleBinding"} <= {kind for kind, way in how.items() if way == "kubernetes"}
+    assert {kind for kind, way in how.items() if way != "kubernetes"} <= CUSTOM_KINDS
+
+
+def _ancerun_schema() -> dict[str, Any]:
+    (crd,) = render_crds()
+    (version,) = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def test_invalid_kubernetes_object_is_rejected_by_the_validator(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    """The validator has teeth: a misspelt field in a rendered Deployment is refused."""
+    deployment = one(default_objects, "Deployment", f"{FULLNAME}-trainer")
+    broken = yaml.safe_load(yaml.safe_dump(deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
+
+
+def test_crd_matches_the_contract() -> None:
+    (crd,) = render_crds()
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "anceruns.ance-train.io"
+    assert spec["group"] == "ance-train.io"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"] == {"kind": "AnceRun", "listKind": "AnceRunList", "plural": "anceruns",
+                             "singular": "ancerun", "shortNames": ["ar"]}
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+    columns = [(c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"]]
+    assert columns == [
+        ("Phase", ".status.phase"), ("Step", ".status.step"), ("Loss", ".status.loss"),
+        ("Checkpoint", ".status.latestCheckpoint"), ("Negatives", ".status.negativesStep"),
+        ("Gap", ".status.asyncGap"), ("Refresh-s", ".status.refreshPeriodSeconds"),
+        ("nDCG@10", ".status.ndcgAt10"), ("MRR@10", ".status.mrrAt10"),
+        ("Age", ".metadata.creationTimestamp"),
+    ]
+    schema = version["schema"]["openAPIV3Schema"]["properties"]
+    assert {k: v["type"] for k, v in schema["spec"]["properties"].items()} == {
+        "runId": "string", "configMap": "string"}
+    status = schema["status"]["properties"]
+    assert {k: v["type"] for k, v in status.items()} == {
+        "phase": "string", "message": "string", "step": "integer", "totalSteps": "integer",
+        "loss": "number", "latestCheckpoint": "integer", "negativesStep": "integer",
+        "asyncGap": "integer", "refreshPeriodSeconds": "number", "indexStep": "integer",
+        "ndcgAt10": "number", "mrrAt10": "number", "evalStep": "integer", "updated": "string"}
+    assert status["phase"]["enum"] == ["Pending", "Training", "Succeeded", "Failed"]
+    assert "required" not in schema["status"]
+
+
+def test_ancerun_status_schema_accepts_reports_and_rejects_bad_ones(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    validator = jsonschema.Draft7Validator(_ancerun_schema())
+    run = one(default_objects, "AnceRun", FULLNAME)
+    assert run["spec"] == {"runId": "ance-run", "configMap": f"{FULLNAME}-config"}
+    reported = {**run, "status": {"phase": "Training", "step": 120, "totalSteps": 2000,
+                                  "loss": 0.42, "latestCheckpoint": 100, "negativesStep": 0,
+                                  "asyncGap": 120, "refreshPeriodSeconds": 95.5,
+                                  "ndcgAt10": 0.61, "mrrAt10": 0.58, "evalStep": 0,
+                                  "indexStep": 0, "message": "ok", "updated": "now"}}
+    validator.validate(reported)
+    for bad in ({"phase": "Running"}, {"step": "12"}, {"loss": "low"}):
+        assert not validator.is_valid({**run, "status": bad}), bad
+
+
+# --------------------------------------------------------------------------- RBAC
+
+
+def test_role_grants_exactly_the_contract(default_objects: list[dict[str, Any]]) -> None:
+    role = one(default_objects, "Role", FULLNAME)
+    granted = {(group, resource, verb)
+               for rule in role["rules"]
+               for group in rule["apiGroups"]
+               for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    assert granted == {
+        ("ance-train.io", "anceruns", "get"),
+        ("ance-train.io", "anceruns/status", "get"),
+        ("ance-train.io", "anceruns/status", "patch"),
+        ("", "events", "create"),
+        ("", "events", "patch"),
+    }
+    for rule in role["rules"]:  # the AnceRun rules are narrowed to the release's own object
+        if rule["apiGroups"] == ["ance-train.io"]:
+            assert rule["resourceNames"] == [FULLNAME]
+    assert not find(default_objects, "ClusterRole") + find(default_objects, "ClusterRoleBinding")
+
+    binding = one(default_objects, "RoleBinding", FULLNAME)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": FULLNAME}
+    (subject,) = binding["subjects"]
+    one(default_objects, "ServiceAccount", subject["name"])
+    assert subject["namespace"] == NAMESPACE
+    for workload in ance_workloads(default_objects).values():
+        assert pod_spec(workload)["serviceAccountName"] == subject["name"]
+    for component in ("redis", "minio"):  # no API token where none is needed
+        spec = pod_spec(one(default_objects, "StatefulSet", f"{FULLNAME}-{component}"))
+        assert spec["automountServiceAccountToken"] is False
+        assert "serviceAccountName" not in spec
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def _secret_values(objects: list[dict[str, Any]]) -> dict[str, str]:
+    secret = one(objects, "Secret", f"{FULLNAME}-credentials")
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [{}, {"redisPassword": "redis-Pw-0123456789", "s3AccessKey": "AKIAEXAMPLE7Q",
+          "s3SecretKey": "s3-Secret-abcdefghij0123456789"}],
+    ids=["generated", "given"],
+)
+def test_secrets_stay_in_the_secret(auth: dict[str, str]) -> None:
+    objects = render_chart({"auth": auth} if auth else None)
+    values = _secret_values(objects)
+    assert set(values) == {"redis-password", "s3-access-key", "s3-secret-key"}
+    if auth:
+        assert values == {"redis-password": auth["redisPassword"],
+                          "s3-access-key": auth["s3AccessKey"],
+                          "s3-secret-key": auth["s3SecretKey"]}
+    else:  # generated: long random strings, different ones
+        assert all(len(v) >= 20 and v.isalnum() for v in values.values()), values
+        assert len(set(values.values())) == 3
+    for obj in objects:
+        if obj["kind"] == "Secret":
+            continue
+        text = yaml.safe_dump(obj)
+        for key, value in values.items():
+            assert value not in text, f"{key} appears in {obj['kind']} {obj['metadata']['name']}"
+    for workload in [*find(objects, "Deployment"), *find(objects, "StatefulSet")]:
+        for container in containers(workload):
+            for name, item in env_of(container).items():
+                if name in SECRET_ENV or name in {"REDIS_PASSWORD", "REDISCLI_AUTH",
+                                                  "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"}:
+                    assert "value" not in item and "secretKeyRef" in item["valueFrom"], item
+
+
+def test_existing_secret_is_used_and_none_is_created(
+    production_objects: list[dict[str, Any]],
+) -> None:
+    assert not find(production_objects, "Secret")
+    for workload in ance_workloads(production_objects).values():
+        for container in containers(workload):
+            env = env_of(container)
+            refs = {name: env[name]["valueFrom"]["secretKeyRef"] for name in SECRET_ENV}
+            assert {n: (r["name"], r["key"]) for n, r in refs.items()} == {
+                "ANCE_REDIS_PASSWORD": ("ance-credentials", "password"),
+                "ANCE_S3_ACCESS_KEY": ("ance-credentials", "access-key"),
+                "ANCE_S3_SECRET_KEY": ("ance-credentials", "secret-key"),
+            }
+            # Cluster mode refuses to start without any of them: none is optional.
+            assert not any(ref.get("optional", False) for ref in refs.values())
+
+
+def test_secret_is_kept_on_upgrade_via_lookup() -> None:
+    """Upgrades reuse the live Secret's values (Helm ``lookup``); rendered without a cluster,
+    lookup finds nothing and the values are generated, differently on every render."""
+    template = (CHART_DIR / "templates" / "secret.yaml").read_text()
+    assert re.search(r'lookup "v1" "Secret" \.Release\.Namespace', template)
+    first, second = _secret_values(render_chart()), _secret_values(render_chart())
+    assert first.keys() == second.keys()
+    assert all(first[k] != second[k] for k in first)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _services_source() -> str:
+    files = (REPO_ROOT / "services").rglob("*.py")
+    return "\n".join(p.read_text() for p in files if "proto" not in p.parts)
+
+
+def test_ance_env_matches_the_contract(default_objects: list[dict[str, Any]]) -> None:
+    workloads = ance_workloads(default_objects)
+    all_containers = [c for w in workloads.values() for c in containers(w)]
+    assert [c["name"] for c in containers(workloads["trainer"])] == ["prepare", "trainer"]
+    reference = env_of(all_containers[0])
+    for container in all_containers:
+        env = env_of(container)
+        assert env == reference, f"{container['name']} has a different environment"
+        assert {n for n in env if n.startswith("ANCE_")} == CONTRACT_ENV
+
+    env = reference
+    assert env["ANCE_CONFIG"]["value"] == "/etc/ance/config.yaml"
+    assert env["ANCE_REDIS_URL"]["value"] == f"redis://{FULLNAME}-redis:6379/0"
+    one(default_objects, "Service", f"{FULLNAME}-redis")
+    assert env["ANCE_S3_ENDPOINT"]["value"] == f"{FULLNAME}-minio:9000"
+    one(default_objects, "Service", f"{FULLNAME}-minio")
+    assert env["ANCE_S3_SECURE"]["value"] == "0"
+    assert env["ANCE_S3_BUCKET"]["value"] == "ance-train"
+    assert env["ANCE_WORK_DIR"]["value"] == "/work"
+    assert env["ANCE_GRPC_HOST"]["value"] == "0.0.0.0"
+    assert env["ANCE_GRPC_PORT"]["value"] == "50051"
+    assert env["ANCE_METRICS_PORT"]["value"] == "9100"
+    assert env["ANCE_CLUSTER_MODE"]["value"] == "1"
+    assert env["HOME"]["value"] == "/tmp"
+    assert env["ANCE_ANCERUN"]["value"] == one(default_objects, "AnceRun", FULLNAME)[
+        "metadata"]["name"]
+    field_refs = {n: env[n]["valueFrom"]["fieldRef"]["fieldPath"]
+                  for n in ("POD_IP", "ANCE_INSTANCE", "ANCE_K8S_NAMESPACE")}
+    assert field_refs == {"POD_IP": "status.podIP", "ANCE_INSTANCE": "metadata.name",
+                          "ANCE_K8S_NAMESPACE": "metadata.namespace"}
+    names = list(env)  # $(POD_IP) expands only if POD_IP is defined before it
+    assert env["ANCE_ADVERTISE_ADDRESS"]["value"] == "$(POD_IP):50051"
+    assert names.index("POD_IP") < names.index("ANCE_ADVERTISE_ADDRESS")
+
+
+def test_every_ance_env_var_is_read_by_the_services(
+    production_objects: list[dict[str, Any]],
+) -> None:
+    """Every ANCE_* variable the chart sets (extraEnv of the production values included) is
+    named in services/. Fails until the cluster-mode code reads each of them."""
+    source = _services_source()
+    set_by_chart = {name for w in ance_workloads(production_objects).values()
+                    for c in containers(w) for name in env_of(c) if name.startswith("ANCE_")}
+    assert CONTRACT_ENV | {"ANCE_LOG_LEVEL"} <= set_by_chart
+    unread = sorted(n for n in set_by_chart if not re.search(rf"\b{n}\b", source))
+    assert not unread, f"set by the chart but read nowhere in services/: {unread}"
+
+
+def test_external_endpoints(production_objects: list[dict[str, Any]]) -> None:
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in production_objects}
+    assert not any(name.endswith(("-redis", "-minio")) for _, name in kinds), kinds
+    env = env_of(pod_spec(ance_workloads(production_objects)["indexer"])["containers"][0])
+    assert env["ANCE_REDIS_URL"]["value"] == "redis://redis.data.svc.cluster.local:6380/2"
+    assert env["ANCE_S3_ENDPOINT"]["value"] == "s3.storage.example.internal:443"
+    assert env["ANCE_S3_SECURE"]["value"] == "1"
+    assert env["ANCE_S3_BUCKET"]["value"] == "ml-ance-runs"
+    assert env["ANCE_LOG_LEVEL"]["value"] == "DEBUG"
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def test_run_config_is_valid_and_carries_the_run_id(
+    default_objects: list[dict[str, Any]], production_objects: list[dict[str, Any]],
+) -> None:
+    for objects, run_id in ((default_objects, "ance-run"), (production_objects, "msmarco-ance")):
+        config_map = one(objects, "ConfigMap", f"{FULLNAME}-config")
+        config = parse_config(yaml.safe_load(config_map["data"]["config.yaml"]))
+        assert config.run_id == run_id
+        assert config.data.path.startswith("/data/")
+        for workload in ance_workloads(objects).values():
+            volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+            assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]
+            for container in containers(workload):
+                mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+                assert mounts["/etc/ance"]["name"] == "config"
+
+
+def test_roles_commands_and_strategies(default_objects: list[dict[str, Any]]) -> None:
+    workloads = ance_workloads(default_objects)
+    for role, workload in workloads.items():
+        spec = pod_spec(workload)
+        main = spec["containers"][0]
+        assert main["args"] == ["serve", role]
+        assert main["image"] == "ance-train:0.1.0"
+        assert "command" not in main  # the image's ENTRYPOINT (ance-train) runs
+    assert pod_spec(workloads["trainer"])["initContainers"][0]["args"] == ["prepare"]
+    for role in ("trainer", "indexer"):
+        assert workloads[role]["spec"]["replicas"] == 1
+        assert workloads[role]["spec"]["strategy"] == {"type": "Recreate"}
+    assert "initContainers" not in pod_spec(workloads["inferencer"])
+
+
+def test_security_context_of_every_container(
+    default_objects: list[dict[str, Any]], production_objects: list[dict[str, Any]],
+) -> None:
+    checked = 0
+    for objects in (default_objects, production_objects):
+        for workload in [*find(objects, "Deployment"), *find(objects, "StatefulSet")]:
+            spec = pod_spec(workload)
+            pod_ctx = spec.get("securityContext", {})
+            assert pod_ctx.get("seccompProfile") == {"type": "RuntimeDefault"}
+            for container in containers(workload):
+                ctx = {**pod_ctx, **container["securityContext"]}
+                where = f"{workload['metadata']['name']}/{container['name']}"
+                assert ctx["runAsNonRoot"] is True, where
+                assert isinstance(ctx["runAsUser"], int) and ctx["runAsUser"] > 0, where
+                assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+                assert container["securityContext"]["allowPrivilegeEscalation"] is False, where
+                assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}, where
+                assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}, where
+                mounts = {m["mountPath"] for m in container["volumeMounts"]}
+                assert "/tmp" in mounts, where  # writable scratch beside a read-only root
+                checked += 1
+    assert checked == 6 + 4  # defaults: 4 ance containers + redis + minio; production: 4
+
+
+def test_scratch_and_data_volumes(production_objects: list[dict[str, Any]]) -> None:
+    for workload in ance_workloads(production_objects).values():
+        volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+        assert volumes["work"]["emptyDir"] == {"sizeLimit": "200Gi"}
+        assert "emptyDir" in volumes["tmp"]
+        assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "msmarco",
+                                                            "readOnly": True}
+        for container in containers(workload):
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            assert mounts["/work"]["name"] == "work"
+            assert mounts["/tmp"]["name"] == "tmp"
+            assert mounts["/data"] == {"name": "data", "mountPath": "/data", "readOnly": True,
+                                       "subPath": "datasets"}
+
+
+def test_grpc_probes_ports_and_services(default_objects: list[dict[str, Any]]) -> None:
+    for role, workload in ance_workloads(default_objects).items():
+        main = pod_spec(workload)["containers"][0]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert main[probe]["grpc"] == {"port": 50051}, (role, probe)
+        ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+        assert ports == {"grpc": 50051, "metrics": 9100}
+        service = one(default_objects, "Service", f"{FULLNAME}-{role}")
+        assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(workload))
+        others = [w for r, w in ance_workloads(default_objects).items() if r != role]
+        assert not any(selects({"matchLabels": service["spec"]["selector"]}, pod_labels(w))
+                       for w in others)
+        service_ports = {p["name"]: (p["port"], p["targetPort"])
+                         for p in service["spec"]["ports"]}
+        assert service_ports == {"grpc": (50051, "grpc"), "metrics": (9100, "metrics")}
+
+
+def test_inferencer_replicas_from_values_and_scaling_changes_nothing_else() -> None:
+    two = render_chart({"inferencer": {"replicas": 2}})
+    four = render_chart({"inferencer": {"replicas": 4}})
+    name = f"{FULLNAME}-inferencer"
+    assert one(two, "Deployment", name)["spec"]["replicas"] == 2
+    assert one(four, "Deployment", name)["spec"]["replicas"] == 4
+    # kubectl scale (or an upgrade that only changes replicas) must not restart any pod:
+    # the pod templates, config checksum annotation included, are identical.
+    assert one(two, "Deployment", name)["spec"]["template"] == one(
+        four, "Deployment", name)["spec"]["template"]
+    assert "checksum/config" in one(two, "Deployment", name)["spec"]["template"]["metadata"][
+        "annotations"]
+
+    def comparable(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The generated Secret differs on every render (random); the replica count by design.
+        kept = [o for o in objects if o["kind"] != "Secret"]
+        for obj in kept:
+            if obj["kind"] == "Deployment" and obj["metadata"]["name"] == name:
+                obj["spec"]["replicas"] = None
+        return kept
+
+    assert comparable(two) == comparable(four)
+
+
+def test_gpus_node_selectors_tolerations(
+    default_objects: list[dict[str, Any]], production_objects: list[dict[str, Any]],
+) -> None:
+    production = ance_workloads(production_objects)
+    values = yaml.safe_load(PRODUCTION.read_text())
+    for role, gpus in (("trainer", 4), ("inferencer", 1), ("indexer", 1)):
+        spec = pod_spec(production[role])
+        resources = spec["containers"][0]["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == gpus
+        assert resources["requests"]["nvidia.com/gpu"] == gpus
+        assert spec["nodeSelector"] == values[role]["nodeSelector"]
+        assert spec["tolerations"] == values[role]["tolerations"]
+    assert pod_spec(production["inferencer"])["affinity"] == values["inferencer"]["affinity"]
+    assert production["inferencer"]["spec"]["replicas"] == 4
+    assert pod_spec(production["trainer"])["containers"][0]["resources"]["requests"][
+        "memory"] == "128Gi"
+    defaults = ance_workloads(default_objects)
+    assert pod_spec(defaults["indexer"])["containers"][0]["resources"]["limits"].get(
+        "nvidia.com/gpu") is None
+    assert pod_spec(defaults["inferencer"])["containers"][0]["resources"]["limits"][
+        "nvidia.com/gpu"] == 1
+    assert "nodeSelector" not in pod_spec(defaults["trainer"])
+
+
+def test_redis_persists_streams_and_minio_has_a_volume(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    redis = one(default_objects, "StatefulSet", f"{FULLNAME}-redis")
+    container = pod_spec(redis)["containers"][0]
+    args = " ".join(container["args"])
+    for flag in ("--appendonly yes", "--appendfsync always", "--requirepass $(REDIS_PASSWORD)",
+                 "--dir /data"):
+        assert flag in args
+    assert env_of(container)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{FULLNAME}-credentials", "key": "redis-password"}
+    minio = one(default_objects, "StatefulSet", f"{FULLNAME}-minio")
+    minio_env = env_of(pod_spec(minio)["containers"][0])
+    assert minio_env["MINIO_ROOT_USER"]["valueFrom"]["secretKeyRef"]["key"] == "s3-access-key"
+    assert minio_env["MINIO_ROOT_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "s3-secret-key"
+    for workload in (redis, minio):
+        (claim,) = workload["spec"]["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "data"
+        # Labelled, so that `kubectl delete pvc -l app.kubernetes.io/instance=...` finds them.
+        assert claim["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+        mounts = {m["name"]: m["mountPath"] for m in pod_spec(workload)["containers"][0][
+            "volumeMounts"]}
+        assert mounts["data"] == "/data"
+        one(default_objects, "Service", workload["spec"]["serviceName"])
+
+
+# --------------------------------------------------------------------------- network
+
+
+def _rule_ports(rule: dict[str, Any]) -> set[tuple[int, str]]:
+    return {(int(p["port"]), p.get("protocol", "TCP")) for p in rule.get("ports", [])}
+
+
+def test_network_policy_allows_only_what_the_system_needs(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    workloads = {name: w for name, w in ance_workloads(default_objects).items()}
+    redis = one(default_objects, "StatefulSet", f"{FULLNAME}-redis")
+    minio = one(default_objects, "StatefulSet", f"{FULLNAME}-minio")
+    policy = one(default_objects, "NetworkPolicy", f"{FULLNAME}-services")
+    spec = policy["spec"]
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    assert all(selects(spec["podSelector"], pod_labels(w)) for w in workloads.values())
+    assert not any(selects(spec["podSelector"], pod_labels(w)) for w in (redis, minio))
+
+    ingress = {frozenset(_rule_ports(r)): r["from"] for r in spec["ingress"]}
+    assert set(ingress) == {frozenset({(50051, "TCP")}), frozenset({(9100, "TCP")})}
+    (grpc_peer,) = ingress[frozenset({(50051, "TCP")})]
+    assert set(grpc_peer) == {"podSelector"}
+    assert all(selects(grpc_peer["podSelector"], pod_labels(w)) for w in workloads.values())
+    (metrics_peer,) = ingress[frozenset({(9100, "TCP")})]
+    assert metrics_peer["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+
+    egress = {frozenset(_rule_ports(r)): r.get("to") for r in spec["egress"]}
+    assert set(egress) == {
+        frozenset({(50051, "TCP")}), frozenset({(6379, "TCP")}), frozenset({(9000, "TCP")}),
+        frozenset({(53, "UDP"), (53, "TCP")}), frozenset({(443, "TCP"), (6443, "TCP")}),
+    }
+    (to_redis,) = egress[frozenset({(6379, "TCP")})]
+    assert selects(to_redis["podSelector"], pod_labels(redis))
+    (to_minio,) = egress[frozenset({(9000, "TCP")})]
+    assert selects(to_minio["podSelector"], pod_labels(minio))
+    assert egress[frozenset({(443, "TCP"), (6443, "TCP")})] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+
+    for workload, port in ((redis, 6379), (minio, 9000)):
+        name = workload["metadata"]["name"]
+        store = one(default_objects, "NetworkPolicy", name)["spec"]
+        assert selects(store["podSelector"], pod_labels(workload))
+        (rule,) = store["ingress"]
+        assert _rule_ports(rule) == {(port, "TCP")}
+        (peer,) = rule["from"]
+        assert all(selects(peer["podSelector"], pod_labels(w)) for w in workloads.values())
+        assert not selects(peer["podSelector"], pod_labels(workload))
+        assert [_rule_ports(r) for r in store["egress"]] == [{(53, "UDP"), (53, "TCP")}]
+
+    assert not find(render_chart({"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+
+
+def test_network_policy_with_external_endpoints(production_objects: list[dict[str, Any]]) -> None:
+    (policy,) = find(production_objects, "NetworkPolicy")
+    spec = policy["spec"]
+    egress = {frozenset(_rule_ports(r)): r.get("to") for r in spec["egress"]}
+    external = [{"ipBlock": {"cidr": "10.40.0.0/16"}}]
+    assert egress[frozenset({(6380, "TCP")})] == external
+    assert egress[frozenset({(443, "TCP")})] == external
+    assert egress[frozenset({(443, "TCP"), (6443, "TCP")})] == [
+        {"ipBlock": {"cidr": "10.96.0.1/32"}}, {"ipBlock": {"cidr": "172.20.0.0/16"}}]
+    (metrics_rule,) = [r for r in spec["ingress"] if _rule_ports(r) == {(9100, "TCP")}]
+    assert metrics_rule["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }]
+
+
+def test_service_monitor_scrapes_every_ance_service(
+    default_objects: list[dict[str, Any]], production_objects: list[dict[str, Any]],
+) -> None:
+    assert not find(default_objects, "ServiceMonitor")
+    monitor = one(production_objects, "ServiceMonitor", FULLNAME)
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert spec["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    selected = [s["metadata"]["name"] for s in find(production_objects, "Service")
+                if selects(spec["selector"], s["metadata"]["labels"])]
+    assert sorted(selected) == sorted(f"{FULLNAME}-{role}" for role in ROLES)
+    for name in selected:
+        ports = one(production_objects, "Service", name)["spec"]["ports"]
+        assert {"metrics"} <= {p["name"] for p in ports}
+
+
+def test_notes_tell_how_to_watch_the_run() -> None:
+    notes = render_notes()
+    for line in (
+        f"kubectl -n {NAMESPACE} get anceruns -w",
+        "get events --field-selector involvedObject.kind=AnceRun",
+        f"logs -f deploy/{FULLNAME}-trainer",
+        f"scale deploy/{FULLNAME}-inferencer --replicas=",
+        f"port-forward svc/{FULLNAME}-minio 9000:9000",
+        "ance-train status --run-id ance-run",
+        "ance-train search --run-id ance-run",
+    ):
+        assert line in notes, line
+
+
+# --------------------------------------------------------------------------- images
+
+
+def _dockerfile(name: str) -> DockerfileParser:
+    """A parser over an in-memory copy (a path-based parser may write the file back)."""
+    return DockerfileParser(fileobj=io.BytesIO((REPO_ROOT / "docker" / name).read_bytes()))
+
+
+@pytest.mark.parametrize(
+    ("name", "base", "faiss"),
+    [("Dockerfile", "nvidia/cuda:", "faiss-gpu-cu12"), ("Dockerfile.cpu", "python:3.11-slim", "")],
+)
+def test_dockerfile(name: str, base: str, faiss: str) -> None:
+    parser = _dockerfile(name)
+    structure = [(i["instruction"], i["value"]) for i in parser.structure
+                 if i["instruction"] != "COMMENT"]
+    # dockerfile-parse leaves the ARG-based FROM unexpanded: read the ARG's default.
+    (from_value,) = [v for k, v in structure if k == "FROM"]
+    arg_name = from_value.strip("${}")
+    base_image = re.search(rf"^{arg_name}=(\S+)$", "\n".join(
+        v for k, v in structure if k == "ARG"), re.M)
+    assert base_image, from_value
+    assert base_image.group(1).startswith(base)
+    if base.startswith("nvidia/cuda"):
+        assert "runtime" in base_image.group(1)
+        assert "python3.11" in parser.content
+
+    users = [v for k, v in structure if k == "USER"]
+    assert users, "no USER: the image would run as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, users[-1]
+    instructions = [k for k, _ in structure]
+    assert instructions.index("USER") > max(i for i, k in enumerate(instructions) if k == "RUN")
+    assert dict(structure)["ENTRYPOINT"] == '["ance-train"]'
+    assert dict(structure)["WORKDIR"]
+
+    secretish = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|CREDENTIAL|API_KEY", re.I)
+    assert not [k for k in {**parser.envs, **parser.args} if secretish.search(k)]
+    assert not [v for v in parser.envs.values() if secretish.search(v)]
+
+    runs = [v for k, v in structure if k == "RUN"]
+    install = next(r for r in runs if 'pip install ".[k8s]"' in r)
+    if faiss:  # the GPU FAISS replaces faiss-cpu after the package's own requirements
+        order = [install.index(s) for s in ('pip install ".[k8s]"', "uninstall -y faiss-cpu",
+                                            "$FAISS_GPU_SPEC")]
+        assert order == sorted(order)
+        assert parser.args["FAISS_GPU_SPEC"].startswith(faiss)
+    else:  # faiss-cpu comes with the package's own requirements
+        assert "faiss-gpu" not in parser.content and "uninstall" not in parser.content
+    for source in (v.split()[:-1] for k, v in structure if k == "COPY"):
+        for path in source:
+            assert (REPO_ROOT / path).exists(), path
+
+
+def test_dockerignore_keeps_the_context_to_the_package() -> None:
+    lines = [line.strip() for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines[0] == "*"  # everything excluded, then the package sources allowed back
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    assert allowed == {"pyproject.toml", "README.md", "services"}
+    copied = {path.rstrip("/") for name in ("Dockerfile", "Dockerfile.cpu")
+              for k, v in ((i["instruction"], i["value"]) for i in _dockerfile(name).structure)
+              if k == "COPY" for path in v.split()[:-1]}
+    assert copied <= allowed
