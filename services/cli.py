@@ -35,6 +35,24 @@ def _load(config: Path):
         raise typer.Exit(2) from None
 
 
+def _check_environment(service: bool = True) -> None:
+    """Settings from the environment, checked before a process connects anywhere."""
+    from .common.credentials import CredentialsError, require_cluster_credentials
+    from .common.kube import KubeConfigError, KubeSettings
+    from .common.metrics import MetricsConfigError, metrics_port
+    from .common.runtime import dataset_timeout_s
+
+    try:
+        require_cluster_credentials()
+        if service:
+            metrics_port()
+            KubeSettings.from_env()
+            dataset_timeout_s()
+    except (CredentialsError, KubeConfigError, MetricsConfigError, ValueError) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
+
+
 def _connect_run(config: Path | None, redis_url: str | None, run_id: str | None):
     """The event bus of a run, from an embedded run's config or explicit endpoints."""
     from .common import events
@@ -48,7 +66,13 @@ def _connect_run(config: Path | None, redis_url: str | None, run_id: str | None)
     if redis_url is None or run_id is None:
         err.print("[red]error:[/] give --config of an embedded run, or --redis-url and --run-id")
         raise typer.Exit(2)
-    return events.EventBus(events.connect(redis_url), run_id), run_id
+    client = events.connect(redis_url)  # AUTH with ANCE_REDIS_PASSWORD when set
+    try:
+        client.ping()
+    except events.RedisAuthError as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    return events.EventBus(client, run_id), run_id
 
 
 def _raise_interrupt(signum: int, _frame: object) -> None:
@@ -63,13 +87,14 @@ def run(
 ) -> None:
     """Run trainer, inferencers and indexer as local processes (the embedded mode)."""
     from .common.data import DataError
+    from .common.model import ModelLoadError
     from .launcher import EmbeddedRun, RunAborted
 
     cfg = _load(config)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         EmbeddedRun(cfg, config, overwrite=overwrite, max_minutes=max_minutes).execute()
-    except (DataError, RunAborted) as error:
+    except (DataError, ModelLoadError, RunAborted) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
@@ -93,20 +118,57 @@ def serve(
     """Run one service (what each Kubernetes pod and each embedded child process runs)."""
     import socket
 
-    from .common.runtime import ServiceContext, ServiceOptions
+    from .common.credentials import redact
+    from .common.events import RedisAuthError
+    from .common.runtime import DatasetNotPublished, ServiceContext, ServiceOptions
+    from .common.storage import StorageError
 
-    _load(config)  # fail fast with a clear message before connecting anywhere
+    _check_environment()  # fail fast with a clear message before connecting anywhere
+    _load(config)
     options = ServiceOptions(role=role.value, config_path=str(config), redis_url=redis_url,
                              work_dir=str(work_dir), instance=instance or socket.gethostname(),
                              grpc_host=host, grpc_port=port, store_dir=store_dir)
-    ctx = ServiceContext(options)
+    try:
+        ctx = ServiceContext(options)
+    except (RedisAuthError, DatasetNotPublished, StorageError) as error:
+        err.print(f"[red]error:[/] {redact(str(error))}")
+        raise typer.Exit(1) from None
     if role is Role.trainer:
         from .trainer.trainer import serve as serve_role
     elif role is Role.inferencer:
         from .inferencer.inferencer import serve as serve_role
     else:
         from .indexer.indexer import serve as serve_role
-    sys.exit(serve_role(ctx))
+    sys.exit(ctx.run(serve_role))
+
+
+@app.command()
+def prepare(
+    config: Annotated[Path, typer.Option("--config", "-c", envvar="ANCE_CONFIG")],
+    store_dir: Annotated[str | None, typer.Option("--store-dir", envvar="ANCE_STORE_DIR")] = None,
+) -> None:
+    """Validate the dataset and publish its index to the object store (the trainer pod's init
+    step; running it again is harmless)."""
+    import tempfile
+
+    from .common.data import DataError
+    from .common.runtime import prepare_dataset
+    from .common.storage import StorageError, store_from_env
+
+    _check_environment(service=False)
+    cfg = _load(config)
+    try:
+        store = store_from_env(cfg.run_id, store_dir)
+        with tempfile.TemporaryDirectory() as cache:
+            index = prepare_dataset(cfg, store, Path(cache))
+    except (DataError, StorageError) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    for warning in index.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    console.print(f"published the dataset index of run {cfg.run_id} to {store!r}: "
+                  f"{index.num_docs} docs, {len(index.train)} train / {len(index.dev)} dev / "
+                  f"{len(index.test)} test queries")
 
 
 @app.command()
@@ -115,12 +177,14 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")]) -> None:
     import tempfile
 
     from .common.data import DataError, validate_dataset
+    from .common.model import ModelLoadError, check_encoder
 
     cfg = _load(config)
     try:
+        check_encoder(cfg.model.path)
         with tempfile.TemporaryDirectory() as cache:
             index = validate_dataset(cfg.data, Path(cache), seed=cfg.data.split_seed)
-    except DataError as error:
+    except (DataError, ModelLoadError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     for warning in index.warnings:
@@ -203,6 +267,69 @@ def search(
         console.print(f"[bold]{text}[/] (index of checkpoint {reply.index_step})")
         for rank, hit in enumerate(hits, 1):
             console.print(f"  {rank:>3}. {hit['doc_id']}  {hit['score']:.4f}")
+
+
+class IndexType(StrEnum):
+    flat = "flat"
+    ivf = "ivf"
+    ivfpq = "ivfpq"
+    hnsw = "hnsw"
+
+
+@app.command()
+def plan(
+    docs: Annotated[int, typer.Option(min=1, help="Corpus size (documents).")],
+    train_queries: Annotated[int, typer.Option(min=1, help="Training queries mined per refresh.")],
+    replicas: Annotated[int, typer.Option(min=1, help="Inferencer replicas.")] = 1,
+    docs_per_s: Annotated[float | None, typer.Option(
+        min=0.001, help="Measured docs/s of one replica at --doc-tokens.")] = None,
+    throughput_json: Annotated[Path | None, typer.Option(
+        help="Take docs/s from a bench/encode.py or bench/refresh_scaling.py report "
+             "(rescaled to --doc-tokens).")] = None,
+    dim: Annotated[int, typer.Option(min=1, help="Embedding dimension.")] = 384,
+    doc_tokens: Annotated[int, typer.Option(
+        min=1, help="Mean tokens per document after truncation (at most max_doc_length).")] = 256,
+    query_tokens: Annotated[int, typer.Option(min=1)] = 32,
+    eval_queries: Annotated[int, typer.Option(min=0, help="Dev + test queries evaluated.")] = 0,
+    index_type: Annotated[IndexType | None, typer.Option(help="Overrides the config's.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Run configuration: index settings, shard sizes, depths.")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        help="docs/benchmarks/indexer.json of this kind of machine (index rates).")] = None,
+    store_mb_s: Annotated[float, typer.Option(min=0.001, help="Object store MB/s.")] = 200.0,
+    model_params: Annotated[int | None, typer.Option(
+        min=1, help="Encoder parameters (default: all-MiniLM-L6-v2).")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Predict the refresh period, storage per checkpoint and index memory of a run."""
+    from .common import capacity
+
+    if (docs_per_s is None) == (throughput_json is None):
+        err.print("[red]error:[/] give exactly one of --docs-per-s and --throughput-json")
+        raise typer.Exit(2)
+    try:
+        rate = docs_per_s
+        if throughput_json is not None:
+            measured, tokens = capacity.throughput_from_benchmark(throughput_json)
+            rate = capacity.scale_throughput(measured, tokens, doc_tokens)
+        rates = (capacity.IndexRates.from_benchmark(calibration) if calibration
+                 else capacity.IndexRates())
+        assert rate is not None
+        load = capacity.workload(docs=docs, dim=dim, replicas=replicas, docs_per_s=rate,
+                                 train_queries=train_queries, eval_queries=eval_queries,
+                                 doc_tokens=doc_tokens, query_tokens=query_tokens,
+                                 store_mb_s=store_mb_s, model_params=model_params,
+                                 config=_load(config) if config else None,
+                                 index_type=index_type.value if index_type else None)
+        result = capacity.plan(load, rates)
+    except (OSError, ValueError, KeyError) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps({"workload": capacity.describe(load), "rates": rates.source,
+                          **result.to_dict()}, indent=2))
+        return
+    console.print(capacity.render(load, result, rates))
 
 
 if __name__ == "__main__":

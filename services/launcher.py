@@ -25,12 +25,14 @@ from rich.table import Table
 
 from .common import events
 from .common.config import RunConfig, dump_config
+from .common.credentials import redis_password
 from .common.data import validate_dataset
+from .common.model import check_encoder
 from .common.process import die_with_parent
 from .common.redis_server import RedisServer, free_port
 from .common.rpc import fetch_status
 from .common.runtime import publish_dataset
-from .common.storage import store_from_env
+from .common.storage import LocalStore, ObjectStore, store_from_env
 
 # Logs and CI are not terminals: keep the metrics table readable there too.
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -77,13 +79,17 @@ class EmbeddedRun:
         self.max_minutes = max_minutes
         self.children: list[Child] = []
         self.redis: RedisServer | None = None
+        self.redis_url = ""
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Validate everything first: a bad config or dataset never touches an existing run."""
+        """Validate everything first: a bad config, model or dataset never touches an existing
+        run."""
         if self.run_dir.exists() and any(self.run_dir.iterdir()) and not self.overwrite:
             raise RunAborted(f"run directory {self.run_dir} already exists; pass --overwrite "
                              "to replace it or change run_id")
+        shared_store, stale = self._stale_store_objects()
+        check_encoder(self.config.model.path)
         staging = self.run_dir.parent / f".{self.config.run_id}.validating"
         shutil.rmtree(staging, ignore_errors=True)
         try:
@@ -94,6 +100,8 @@ class EmbeddedRun:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        for key in stale:
+            shared_store.delete(key)
         self.run_dir.mkdir(parents=True)
         (self.run_dir / "logs").mkdir()
         staging.rename(self.run_dir / "cache")
@@ -109,9 +117,24 @@ class EmbeddedRun:
             self.env["ANCE_STORE_DIR"] = str(self.store_dir)
         self.store = store_from_env(self.config.run_id, str(self.store_dir))
         publish_dataset(self.store, self.run_dir / "cache")
-        self.redis = RedisServer(self.run_dir / "redis").start()
-        self.env["ANCE_REDIS_URL"] = self.redis.url
-        (self.run_dir / "endpoints.json").write_text(json.dumps({"redis_url": self.redis.url}))
+        # The private Redis takes ANCE_REDIS_PASSWORD when the shell has one, so that the
+        # services, this monitor and `ance-train status` (which all read it) can authenticate;
+        # the password never goes into a URL or a file.
+        self.redis = RedisServer(self.run_dir / "redis", password=redis_password()).start()
+        self.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
+        self.env["ANCE_REDIS_URL"] = self.redis_url
+        (self.run_dir / "endpoints.json").write_text(json.dumps({"redis_url": self.redis_url}))
+
+    def _stale_store_objects(self) -> tuple[ObjectStore, list[str]]:
+        """Objects an earlier run with this run_id left in S3 (a local store lives in the run
+        directory). A new run would resume from its checkpoints: refused unless --overwrite."""
+        store = store_from_env(self.config.run_id, str(self.run_dir / "store"))
+        keys = [] if isinstance(store, LocalStore) else store.list()
+        if keys and not self.overwrite:
+            raise RunAborted(f"the object store already holds {len(keys)} objects of run "
+                             f"{self.config.run_id!r}; pass --overwrite to replace them or "
+                             "change run_id")
+        return store, keys
 
     def _spawn(self, role: str, name: str, port: int) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
@@ -138,7 +161,7 @@ class EmbeddedRun:
     # -- monitoring -----------------------------------------------------------------------
     def monitor(self) -> RunResult:
         assert self.redis is not None
-        bus = events.EventBus(events.connect(self.redis.url), self.config.run_id)
+        bus = events.EventBus(events.connect(self.redis_url), self.config.run_id)
         result = RunResult()
         started = time.monotonic()
         deadline = None if self.max_minutes is None else started + self.max_minutes * 60

@@ -24,6 +24,19 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
+REDIS_TEST_PASSWORD = "redis-pw-7c41e0b9"
+
+
+@pytest.fixture
+def redis_with_password(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server process that requires ``REDIS_TEST_PASSWORD`` (``requirepass``)."""
+    server = RedisServer(tmp_path / "redis-auth", password=REDIS_TEST_PASSWORD).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def bus(redis_server: RedisServer) -> events.EventBus:
     return events.EventBus(events.connect(redis_server.url), "test-run")

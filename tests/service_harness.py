@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -14,47 +14,60 @@ import yaml
 from ance_train.common.config import load_config
 from ance_train.common.data import validate_dataset
 from ance_train.common.runtime import publish_dataset
-from ance_train.common.storage import LocalStore
+from ance_train.common.storage import LocalStore, ObjectStore, S3Store
 
 
 @dataclass
 class Harness:
-    """A prepared run: validated dataset in a local store, config file, Redis URL."""
+    """A prepared run: validated dataset in the store, config file, Redis URL.
+
+    The store is a local directory, or S3 when ``store_env`` holds ``ANCE_S3_*`` variables.
+    """
 
     root: Path
     config_path: Path
     redis_url: str
+    store_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def prepare(cls, root: Path, redis_url: str, **sections: dict) -> Harness:
+    def prepare(cls, root: Path, redis_url: str, *, store_env: dict[str, str] | None = None,
+                **sections: dict) -> Harness:
         config_path = root / "config.yaml"
         config_path.write_text(yaml.safe_dump(sections, sort_keys=False))
         config = load_config(config_path)
         validate_dataset(config.data, root / "cache", seed=config.data.split_seed)
-        publish_dataset(LocalStore(config.run_id, root / "store"), root / "cache")
-        return cls(root, config_path, redis_url)
+        harness = cls(root, config_path, redis_url, dict(store_env or {}))
+        publish_dataset(harness.store, root / "cache")
+        return harness
 
     @property
     def config(self):
         return load_config(self.config_path)
 
     @property
-    def store(self) -> LocalStore:
-        return LocalStore(self.config.run_id, self.root / "store")
+    def store(self) -> ObjectStore:
+        if not self.store_env:
+            return LocalStore(self.config.run_id, self.root / "store")
+        env = self.store_env
+        return S3Store(self.config.run_id, env["ANCE_S3_ENDPOINT"], env["ANCE_S3_ACCESS_KEY"],
+                       env["ANCE_S3_SECRET_KEY"], env["ANCE_S3_BUCKET"])
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANCE_S3_")}
         env.update(ANCE_STORE_DIR=str(self.root / "store"), ANCE_REDIS_URL=self.redis_url,
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        env.update(self.store_env)
         return env
 
-    def spawn(self, role: str, instance: str) -> subprocess.Popen:
+    def spawn(self, role: str, instance: str,
+              extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``ance-train serve role``; ``extra_env`` adds to (or overrides) ``env()``."""
         log = open(self.root / f"{instance}.log", "ab")  # noqa: SIM115 - owned by the child
         return subprocess.Popen(
             [sys.executable, "-m", "ance_train.cli", "serve", role, "--config",
              str(self.config_path), "--instance", instance,
              "--work-dir", str(self.root / "work" / instance)],
-            stdout=log, stderr=subprocess.STDOUT, env=self.env())
+            stdout=log, stderr=subprocess.STDOUT, env={**self.env(), **(extra_env or {})})
 
     def log(self, instance: str) -> str:
         return (self.root / f"{instance}.log").read_text(errors="replace")

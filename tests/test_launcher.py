@@ -10,6 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import redis
+
 from helpers import write_config
 from service_harness import wait_until
 
@@ -69,17 +72,24 @@ def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
     config_path = write_config(tmp_path / "c.yaml",
                                **base_config(tmp_path, scifact_subset, tiny_model))
     run_dir = tmp_path / "runs" / "launch"
+    # With ANCE_REDIS_PASSWORD in the shell, the run's private Redis requires it.
+    env = dict(os.environ, ANCE_REDIS_PASSWORD="launcher-test-secret")
     launcher = subprocess.Popen([sys.executable, "-m", "ance_train.cli", "run", "--config",
                                  str(config_path)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+                                stderr=subprocess.PIPE, text=True, env=env)
 
     def all_services_up() -> bool:
-        reply = ance("status", "--config", str(config_path), "--json")
+        reply = ance("status", "--config", str(config_path), "--json", env=env)
         rows = json.loads(reply.stdout) if reply.returncode == 0 else []
         return len(rows) == 4 and all(r["state"] != "unreachable" for r in rows)
 
     wait_until(all_services_up, 90, "services did not come up", interval_s=0.5)
-    port = json.loads((run_dir / "endpoints.json").read_text())["redis_url"].rsplit(":", 1)[1]
+    endpoints = (run_dir / "endpoints.json").read_text()
+    assert "launcher-test-secret" not in endpoints
+    redis_url = json.loads(endpoints)["redis_url"]
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(redis_url).ping()  # no password: refused
+    port = redis_url.rsplit(":", 1)[1]
     redis_marker = f"127.0.0.1:{port.split('/')[0]}"  # redis-server rewrites its title
     children = _processes_mentioning(str(run_dir)) + _processes_mentioning(redis_marker)
     assert len(children) == 5, children  # redis + trainer + indexer + 2 inferencers

@@ -15,11 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from .credentials import REDIS_PASSWORD_VAR, redis_password
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,10 @@ NEGATIVES_READY = "negatives.ready"
 EVAL_COMPLETED = "eval.completed"
 WORK_QUEUE = "work"
 RUN_FINISHED = "run.finished"
+
+# What a call raises once the client's own retries gave up (Redis down or restarting): a
+# consumer loop backs off and goes on; whatever it had not acknowledged is delivered again.
+REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -44,15 +52,37 @@ class Event:
         return int(self.payload["step"])
 
 
-def connect(url: str) -> redis.Redis:
-    """A client that retries broken connections (Redis restarts) with backoff."""
-    from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
+class RedisAuthError(redis.RedisError):
+    """Redis refused the credentials (not a ConnectionError: retrying will not help)."""
 
+
+class _Retry(Retry):
+    """Retries broken connections with backoff, but never a refused password."""
+
+    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any], *args: Any,
+                        **kwargs: Any) -> Any:
+        def attempt() -> Any:
+            try:
+                return do()
+            except redis.AuthenticationError as error:
+                raise RedisAuthError(
+                    f"Redis refused authentication ({error}); check {REDIS_PASSWORD_VAR}"
+                ) from error
+
+        return super().call_with_retry(attempt, fail, *args, **kwargs)
+
+
+def connect(url: str, password: str | None = None) -> redis.Redis:
+    """A client that retries broken connections (Redis restarts) with backoff.
+
+    ``password`` (default: ``ANCE_REDIS_PASSWORD``) is the AUTH password, used unless the URL
+    carries one.
+    """
     return redis.Redis.from_url(
         url,
+        password=password or redis_password(),
         decode_responses=True,
-        retry=Retry(ExponentialBackoff(cap=5.0, base=0.1), retries=20),
+        retry=_Retry(ExponentialBackoff(cap=5.0, base=0.1), retries=20),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         health_check_interval=15,
         socket_timeout=30,
@@ -163,9 +193,11 @@ class WorkQueue:
         self.claim_timeout_ms = int(claim_timeout_s * 1000)
         self.stream = bus.stream(WORK_QUEUE)
 
-    def enqueue(self, step: int, kind: str, ranges: list[tuple[int, int]]) -> None:
+    def enqueue(self, step: int, kind: str, ranges: list[tuple[int, int]],
+                first_shard: int = 0) -> None:
+        """Queue one item per range, numbered from ``first_shard`` (to re-queue one shard)."""
         pipe = self.bus.client.pipeline(transaction=True)
-        for shard, (start, stop) in enumerate(ranges):
+        for shard, (start, stop) in enumerate(ranges, start=first_shard):
             body = {"run_id": self.bus.run_id, "step": step, "kind": kind, "shard": shard,
                     "start": start, "stop": stop}
             pipe.xadd(self.stream, {"data": json.dumps(body)})
@@ -219,6 +251,11 @@ class WorkQueue:
         body = json.loads(fields["data"])
         return WorkItem(entry_id, int(body["step"]), body["kind"], int(body["shard"]),
                         int(body["start"]), int(body["stop"]), attempt)
+
+
+def entry_seconds(entry_id: str) -> float:
+    """When a stream entry was added (Redis server clock): the milliseconds part of its id."""
+    return int(str(entry_id).split("-", 1)[0]) / 1000.0
 
 
 def wait_for_redis(client: redis.Redis, timeout_s: float = 30.0) -> None:

@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_exponential
 
 from . import events
 from .config import RunConfig, load_config
-from .data import Corpus, DatasetFiles, DatasetIndex, load_dataset_index
+from .credentials import RedactingFormatter, cluster_mode, redact_url
+from .data import Corpus, DatasetFiles, DatasetIndex, load_dataset_index, validate_dataset
+from .kube import RunReporter
+from .metrics import metrics_port, start_metrics_server
 from .rpc import GrpcServer, ServiceState
 from .storage import ObjectStore, store_from_env
 
@@ -28,6 +32,12 @@ DATASET_INDEX_KEY = "data/dataset.json"
 DOC_OFFSETS_KEY = "data/doc_offsets.npy"
 DATASET_INDEX_FILE = "dataset.json"
 DOC_OFFSETS_FILE = "doc_offsets.npy"
+DATASET_TIMEOUT_VAR = "ANCE_DATASET_TIMEOUT_S"
+DEFAULT_DATASET_TIMEOUT_S = 3600.0
+
+
+class DatasetNotPublished(RuntimeError):
+    """The dataset index did not appear in the store in time."""
 
 
 @dataclass(frozen=True)
@@ -44,11 +54,10 @@ class ServiceOptions:
 
 def setup_logging(role: str, instance: str) -> None:
     level = os.environ.get("ANCE_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s {role}[{instance}] %(levelname)s %(name)s: %(message)s",
-        force=True,
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter(
+        f"%(asctime)s {role}[{instance}] %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     for noisy in ("urllib3", "filelock", "httpx", "transformers", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from transformers.utils import logging as hf_logging
@@ -60,6 +69,46 @@ def publish_dataset(store: ObjectStore, cache_dir: Path) -> None:
     """Make the validated dataset index available to every service through the store."""
     store.put_file(DOC_OFFSETS_KEY, cache_dir / DOC_OFFSETS_FILE)
     store.put_file(DATASET_INDEX_KEY, cache_dir / DATASET_INDEX_FILE)
+
+
+def prepare_dataset(config: RunConfig, store: ObjectStore, cache_dir: Path) -> DatasetIndex:
+    """Validate the run's dataset into ``cache_dir`` and publish its index (idempotent: the
+    same data gives the same objects)."""
+    dataset = validate_dataset(config.data, cache_dir, seed=config.data.split_seed)
+    publish_dataset(store, cache_dir)
+    return dataset
+
+
+def dataset_timeout_s() -> float:
+    raw = os.environ.get(DATASET_TIMEOUT_VAR, "").strip()
+    try:
+        timeout = float(raw) if raw else DEFAULT_DATASET_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{DATASET_TIMEOUT_VAR} must be a number of seconds, got {raw!r}"
+                         ) from None
+    if timeout <= 0:
+        raise ValueError(f"{DATASET_TIMEOUT_VAR} must be positive, got {raw!r}")
+    return timeout
+
+
+def wait_for_dataset(store: ObjectStore, timeout_s: float, log: logging.Logger) -> None:
+    """Poll with backoff until the dataset index is in the store (in a cluster the services
+    start while the trainer pod's ``ance-train prepare`` is still publishing it)."""
+    if store.exists(DATASET_INDEX_KEY):
+        return
+    log.info("waiting for the dataset index %s in %r (published by `ance-train prepare`)",
+             DATASET_INDEX_KEY, store)
+    poll = Retrying(retry=retry_if_result(lambda found: not found),
+                    wait=wait_exponential(multiplier=0.5, max=10.0),
+                    stop=stop_after_delay(timeout_s))
+    try:
+        poll(store.exists, DATASET_INDEX_KEY)
+    except RetryError:
+        raise DatasetNotPublished(
+            f"no dataset index ({DATASET_INDEX_KEY}) in {store!r} after {timeout_s:g}s: run "
+            f"`ance-train prepare` (the trainer pod's init container), or raise "
+            f"{DATASET_TIMEOUT_VAR}") from None
+    log.info("dataset index found")
 
 
 def fetch_dataset(store: ObjectStore, cache_dir: Path) -> DatasetIndex:
@@ -79,9 +128,16 @@ class ServiceContext:
         self.config: RunConfig = load_config(options.config_path)
         self.work_dir = Path(options.work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.reporter = RunReporter.from_env(options.role, options.instance).start()
+        port = metrics_port()
+        if port:
+            start_metrics_server(options.role, port)
+            self.log.info("Prometheus metrics on :%d/metrics", port)
         self.store: ObjectStore = store_from_env(self.config.run_id, options.store_dir)
+        self.log.info("object store %r, Redis %s", self.store, redact_url(options.redis_url))
         self.redis = events.connect(options.redis_url)
         events.wait_for_redis(self.redis)
+        wait_for_dataset(self.store, dataset_timeout_s(), self.log)
         self.bus = events.EventBus(self.redis, self.config.run_id)
         self.state = ServiceState(options.role, self.config.run_id, options.instance)
         self.stop = threading.Event()
@@ -118,6 +174,18 @@ class ServiceContext:
         if self.server is not None:
             self.server.stop()
 
+    def run(self, serve_role: Callable[[ServiceContext], int]) -> int:
+        """Run the role; an unhandled exception is logged and reported (exit code 1).
+        What is queued for the AnceRun is sent before the process ends."""
+        try:
+            return serve_role(self)
+        except Exception as error:
+            self.log.error("%s failed", self.options.role, exc_info=error)
+            self.reporter.failed(error)
+            return 1
+        finally:
+            self.reporter.close()
+
     def serve(self, main: Callable[[], object],
               add_servicers: Callable[[grpc.Server], None] | None = None) -> int:
         """Run a service: signals, gRPC server, then ``main`` until it returns or is stopped."""
@@ -125,6 +193,12 @@ class ServiceContext:
         self.start_server(add_servicers)
         try:
             main()
+            if cluster_mode() and not self.stop.is_set():
+                # A Deployment restarts a pod whose process exits, which would run the
+                # finished role again: in the cluster a finished service stays up, still
+                # answering Status and health, until the release is uninstalled.
+                self.log.info("%s finished; serving status until stopped", self.options.role)
+                self.stop.wait()
         finally:
             self.close()
         return 0
