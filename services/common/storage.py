@@ -304,11 +304,14 @@ class ObjectStore(abc.ABC):
         self.put_json(manifest_key, manifest)
         return manifest
 
-    def get_dir(self, prefix: str, directory: str | os.PathLike[str]) -> dict[str, Any]:
+    def get_dir(self, prefix: str, directory: str | os.PathLike[str],
+                skip: Callable[[str], bool] | None = None) -> dict[str, Any]:
         """Download a directory written by :meth:`put_dir` into ``directory``.
 
         Requires ``<prefix>/MANIFEST.json`` (ObjectNotFound otherwise); every file is
-        verified against its own checksum and against the manifest.  Returns the manifest.
+        verified against its own checksum and against the manifest.  Files whose relative
+        path ``skip`` accepts are not downloaded (an inferencer needs no optimizer state).
+        Returns the manifest.
         """
         prefix = _validate_prefix(prefix)
         manifest_key = _join(prefix, MANIFEST_NAME)
@@ -329,6 +332,8 @@ class ObjectStore(abc.ABC):
                 or not isinstance(info.get("size"), int)
             ):
                 raise CorruptObject(f"manifest {manifest_key!r} has a bad entry for {rel!r}")
+            if skip is not None and skip(rel):
+                continue
             target = dest / rel
             self._get_file_checked(_join(prefix, rel), target, info["sha256"])
             if target.stat().st_size != info["size"]:

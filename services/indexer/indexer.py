@@ -5,7 +5,8 @@ A checkpoint is complete when every shard of its refresh plan is in the store. T
 always builds the newest complete checkpoint; if a newer one completes while an older one is
 being processed, the older one is abandoned (superseded). Shard events are idempotent: the
 set of shards received is derived from the store, so duplicates and late shards of an old
-checkpoint change nothing.
+checkpoint change nothing. A shard that fails its sha256 check is never indexed: it is deleted
+and queued to be encoded again, and the checkpoint waits for it.
 """
 
 from __future__ import annotations
@@ -31,13 +32,19 @@ from ance_train.common.refresh import (
     unpack_embeddings,
 )
 from ance_train.common.runtime import ServiceContext
+from ance_train.common.storage import CorruptObject, StorageError
+from ance_train.common.telemetry import IndexerTelemetry
 
-from .ann import AnnIndex, Superseded
+from .ann import AnnIndex, Superseded, use_gpu
 from .diagnostics import Diagnostics
 from .mining import Miner, bm25_negatives, mine_dual, positives_of
 from .search_service import SearchService, ServedIndex
 
 BM25_STEP = -1
+
+
+class ShardRequeued(Exception):
+    """A shard failed its checksum: it was deleted and queued to be encoded again."""
 
 
 class Indexer:
@@ -47,6 +54,7 @@ class Indexer:
         self.ctx = ctx
         self.plans: dict[int, RefreshPlan] = {}
         self.received: dict[int, set[str]] = {}
+        self.published_at: dict[int, float] = {}  # Redis server time of checkpoint.published
         self.last_built = -1
         self.query_ids = query_order(ctx.dataset)
         self.query_row = {q: i for i, q in enumerate(self.query_ids)}
@@ -57,27 +65,41 @@ class Indexer:
         self.diagnostics = Diagnostics(self.train_ids, positives_of(ctx.dataset, self.train_ids),
                                        cfg.training.seed)
         self.previous: NegativesTable | None = None
+        use_gpu(cfg.index.device)  # index.device gpu without a FAISS GPU fails at start
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints", device)
         self.search = SearchService(ctx.corpus, self.models, ctx.config.model.max_query_length)
         self._last_poll = 0.0
+        self.telemetry = IndexerTelemetry(ctx.reporter)
+        self.work_queue = events.WorkQueue(ctx.bus, ctx.config.inference.claim_timeout_s)
 
     # -- event handling ---------------------------------------------------------------------
     def recover(self) -> None:
-        """Rebuild state from the streams' history and the store (restart-safe)."""
-        for event in self.ctx.bus.history(events.CHECKPOINT_PUBLISHED):
-            self._add_plan(event)
-        done = [e for e in self.ctx.bus.history(events.NEGATIVES_READY) if e.step >= 0]
-        self.last_built = max((e.step for e in done), default=-1)
+        """Rebuild state from the streams' history and the store (restart-safe).
+
+        The newest checkpoint whose ``negatives.ready`` or ``eval.completed`` went out is the
+        last one built; every later published checkpoint is planned again with the shards
+        already stored, so one interrupted mid-build is rebuilt from the start (outputs it
+        had half-written are overwritten before any event announces them).
+        """
+        bus = self.ctx.bus
+        done = [e for e in bus.history(events.NEGATIVES_READY) if e.step >= 0]
+        evaluated = [e.step for e in bus.history(events.EVAL_COMPLETED)]
+        self.last_built = max([e.step for e in done] + evaluated, default=-1)
         latest = max(done, key=lambda e: e.step, default=None)
         if latest is not None and latest.payload.get("key"):
             self.previous = NegativesTable.from_bytes(self.ctx.store.get_bytes(
                 latest.payload["key"]))
+        for event in bus.history(events.CHECKPOINT_PUBLISHED):
+            self._add_plan(event)
+        self.ctx.log.info("recovered: last built checkpoint %d, pending %s", self.last_built,
+                          sorted(self.plans))
 
     def _add_plan(self, event: events.Event) -> None:
         step = event.step
-        if step in self.plans:
+        if step in self.plans or step <= self.last_built:  # a duplicate or stale event
             return
+        self.published_at[step] = events.entry_seconds(event.entry_id)
         self.plans[step] = RefreshPlan.from_payload(step, event.payload)
         # Shards already in the store count (an indexer restarted mid-refresh loses nothing).
         self.received[step] = set(self.ctx.store.list(f"embeddings/{step}"))
@@ -121,6 +143,11 @@ class Indexer:
                 self.process(step)
             except Superseded:
                 ctx.log.info("checkpoint %d superseded while indexing", step)
+            except ShardRequeued as error:
+                ctx.log.warning("checkpoint %d waits for %s to be encoded again", step, error)
+            except (*events.REDIS_UNAVAILABLE, StorageError) as error:
+                ctx.log.warning("indexing checkpoint %d failed, will retry: %s", step, error)
+                ctx.stop.wait(1.0)
 
     def _superseded(self, step: int) -> bool:
         if time.monotonic() - self._last_poll > 1.0:
@@ -141,6 +168,8 @@ class Indexer:
                 self.previous = table
             ctx.log.info("BM25 negatives for %d queries in %.1fs", len(table),
                          time.monotonic() - started)
+        elif self.previous is None:  # restarted before the first ANN refresh
+            self.previous = NegativesTable.from_bytes(ctx.store.get_bytes(key))
         ctx.bus.publish(events.NEGATIVES_READY, BM25_STEP, key=key, source="bm25")
 
     def process(self, step: int) -> None:
@@ -153,10 +182,10 @@ class Indexer:
         for shard in range(len(plan.corpus_ranges)):
             if should_stop():
                 raise Superseded()
-            key = embedding_key(step, CORPUS, shard)
-            ids, vectors = unpack_embeddings(ctx.store.get_bytes(key))
+            ids, vectors = self._load_shard(step, CORPUS, shard)
             if index is None:
-                index = AnnIndex(vectors.shape[1])
+                index = AnnIndex(vectors.shape[1], ctx.config.index, ctx.config.model.similarity,
+                                 expected_size=plan.corpus_ranges[-1][1])
             index.add(ids, vectors)
         assert index is not None
         index.finalize()
@@ -180,12 +209,15 @@ class Indexer:
         self.last_built = step
         if table is not None:
             self.previous = table
+        ready_id = None
         if table is not None or dual is not None:
-            ctx.bus.publish(events.NEGATIVES_READY, step, source="ann",
-                            key=negatives_key(step) if table is not None else None,
-                            dual_key=negatives_key(f"{step}-dual") if dual is not None else None)
-        ctx.bus.publish(events.EVAL_COMPLETED, step, key=eval_key(step), metrics=metrics,
-                        timings=timings, diagnostics=diagnostics)
+            ready_id = ctx.bus.publish(
+                events.NEGATIVES_READY, step, source="ann",
+                key=negatives_key(step) if table is not None else None,
+                dual_key=negatives_key(f"{step}-dual") if dual is not None else None)
+        eval_id = ctx.bus.publish(events.EVAL_COMPLETED, step, key=eval_key(step),
+                                  metrics=metrics, timings=timings, diagnostics=diagnostics)
+        self.telemetry.refreshed(step, self._refresh_seconds(step, ready_id or eval_id), metrics)
         flat = {f"{split}/{name}": value for split, values in metrics.items()
                 for name, value in values.items()}
         ctx.state.update(state="idle", phase="waiting for shards", index_step=step, metrics=flat)
@@ -193,14 +225,35 @@ class Indexer:
         for old in [s for s in self.plans if s <= step]:
             self.plans.pop(old, None)
             self.received.pop(old, None)
+            self.published_at.pop(old, None)
+
+    def _refresh_seconds(self, step: int, done_entry_id: str) -> float | None:
+        """Checkpoint published → its negatives ready, both by the Redis server's clock."""
+        published = self.published_at.get(step)
+        return None if published is None else events.entry_seconds(done_entry_id) - published
 
     def _load_queries(self, step: int, plan: RefreshPlan, dim: int) -> np.ndarray:
         matrix = np.zeros((len(self.query_ids), dim), dtype=np.float32)
         for shard in range(len(plan.query_ranges)):
-            ids, vectors = unpack_embeddings(
-                self.ctx.store.get_bytes(embedding_key(step, QUERIES, shard)))
+            ids, vectors = self._load_shard(step, QUERIES, shard)
             matrix[ids] = vectors
         return matrix
+
+    def _load_shard(self, step: int, kind: str, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """A shard's ids and vectors. One that fails its checksum is never used: it is deleted
+        and queued again, and the checkpoint is complete again once it is re-encoded."""
+        key = embedding_key(step, kind, shard)
+        try:
+            return unpack_embeddings(self.ctx.store.get_bytes(key))
+        except CorruptObject as error:
+            self.ctx.log.error("%s; deleting it and queuing %s-%05d@%d again", error, kind,
+                               shard, step)
+            plan = self.plans[step]
+            ranges = plan.corpus_ranges if kind == CORPUS else plan.query_ranges
+            self.received[step].discard(key)
+            self.ctx.store.delete(key)
+            self.work_queue.enqueue(step, kind, [ranges[shard]], first_shard=shard)
+            raise ShardRequeued(key) from error
 
     def mine(self, step: int, index: AnnIndex, queries: np.ndarray, should_stop
              ) -> tuple[NegativesTable | None, NegativesTable | None, dict]:

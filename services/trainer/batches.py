@@ -67,21 +67,13 @@ class BatchBuilder:
     def build(self, source: NegativeSource | None, dual: NegativesTable | None = None,
               dual_per_positive: int = 1) -> TrainingBatch:
         qids = self._next_queries()
-        positives = [int(self.rng.choice(self.positives[q])) for q in qids]
-        negatives = [source.sample(q, self.negatives_per_query, self.rng) if source else []
-                     for q in qids]
+        choices = [self.positives[q] for q in qids]
+        drawn = self.rng.integers(0, [len(docs) for docs in choices])  # one draw per query
+        positives = [docs[k] for docs, k in zip(choices, drawn.tolist(), strict=True)]
+        negatives = (source.sample_many(qids, self.negatives_per_query, self.rng) if source
+                     else [[] for _ in qids])
         columns = positives + [doc for row in negatives for doc in row]
-        allowed = torch.zeros(len(qids), len(columns), dtype=torch.bool)
-        own_start = len(qids)
-        for i, qid in enumerate(qids):
-            allowed[i, i] = True
-            allowed[i, own_start: own_start + len(negatives[i])] = True
-            own_start += len(negatives[i])
-            if self.in_batch:
-                query_positives = set(self.positives[qid])
-                for column, doc in enumerate(columns):
-                    if doc not in query_positives:
-                        allowed[i, column] = True
+        allowed = self._allowed(choices, columns, [len(row) for row in negatives])
         dual_texts, dual_allowed = self._dual(qids, positives, dual, dual_per_positive)
         return TrainingBatch(
             query_ids=qids, query_texts=[self.queries[q] for q in qids], doc_indices=columns,
@@ -89,6 +81,26 @@ class BatchBuilder:
             hard_negatives=len(columns) - len(qids),
             dual_query_texts=dual_texts, dual_allowed=dual_allowed,
         )
+
+    def _allowed(self, positives: list[list[int]], columns: list[int],
+                 negatives_per_row: list[int]) -> torch.Tensor:
+        """``[B, columns]``: each query's own positive (column i) and own hard negatives, and
+        with in-batch negatives every other column except the query's positives."""
+        size = len(positives)
+        docs = np.asarray(columns, dtype=np.int64)
+        if self.in_batch:
+            owner = np.repeat(np.arange(size), [len(p) for p in positives])
+            flat = np.fromiter((d for p in positives for d in p), np.int64, count=len(owner))
+            is_positive = np.zeros((size, len(docs)), dtype=bool)
+            rows, cols = np.nonzero(flat[:, None] == docs[None, :])
+            is_positive[owner[rows], cols] = True
+            allowed = ~is_positive
+        else:
+            allowed = np.zeros((size, len(docs)), dtype=bool)
+        allowed[np.arange(size), np.arange(size)] = True
+        own = np.repeat(np.arange(size), negatives_per_row)
+        allowed[own, size + np.arange(len(own))] = True
+        return torch.from_numpy(allowed)
 
     def _dual(self, qids: list[str], positives: list[int], dual: NegativesTable | None,
               per_positive: int) -> tuple[list[str], torch.Tensor | None]:
@@ -98,7 +110,7 @@ class BatchBuilder:
         the sorted training-query list (the indexer's order, ``self.order``)."""
         if dual is None:
             return [], None
-        drawn = [dual.sample(str(doc), per_positive, self.rng) for doc in positives]
+        drawn = dual.sample_many([str(doc) for doc in positives], per_positive, self.rng)
         texts = [self.queries[self.order[row]] for rows in drawn for row in rows]
         allowed = torch.zeros(len(qids), len(qids) + len(texts), dtype=torch.bool)
         column = len(qids)

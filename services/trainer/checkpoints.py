@@ -4,6 +4,9 @@ Order per checkpoint (the contract other services rely on): every file of the ch
 in the store (its MANIFEST written last) → the latest-checkpoint marker moves → the shard
 work items are queued → ``checkpoint.published`` is sent. Uploads run on one background
 thread, so the trainer never waits for the object store.
+
+Every checkpoint also holds the training state (:mod:`.training_state`), so a restarted
+trainer resumes from the newest checkpoint whose MANIFEST is in the store.
 """
 
 from __future__ import annotations
@@ -13,17 +16,22 @@ import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 from ance_train.common import events
 from ance_train.common.data import DatasetIndex
 from ance_train.common.model import BiEncoder
 from ance_train.common.refresh import CORPUS, QUERIES, RefreshPlan, checkpoint_prefix
-from ance_train.common.storage import ObjectStore
+from ance_train.common.storage import MANIFEST_NAME, ObjectStore
+
+from .training_state import TrainingState
 
 log = logging.getLogger(__name__)
 
-TRAINING_STATE_FILE = "training_state.pt"
+
+def latest_complete_checkpoint(store: ObjectStore) -> int | None:
+    """The newest checkpoint step whose MANIFEST (written last by ``put_dir``) is stored."""
+    steps = [int(parts[1]) for parts in (key.split("/") for key in store.list("checkpoints"))
+             if len(parts) == 3 and parts[2] == MANIFEST_NAME and parts[1].isdigit()]
+    return max(steps, default=None)
 
 
 class CheckpointPublisher:
@@ -39,13 +47,29 @@ class CheckpointPublisher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publisher")
         self._pending: list[Future] = []
 
-    def save(self, step: int, model: BiEncoder, tokenizer, training_state: dict) -> Path:
+    def save(self, step: int, model: BiEncoder, tokenizer, state: TrainingState) -> Path:
         directory = self.local_dir / str(step)
         if directory.exists():
             shutil.rmtree(directory)
         model.save(directory, tokenizer)
-        torch.save(training_state, directory / TRAINING_STATE_FILE)
+        state.save(directory)
         return directory
+
+    def fetch(self, step: int) -> Path:
+        """Download checkpoint ``step`` (verified against its manifest) to resume from it."""
+        directory = self.local_dir / str(step)
+        if directory.exists():
+            shutil.rmtree(directory)
+        self.store.get_dir(checkpoint_prefix(step), directory)
+        return directory
+
+    def ensure_announced(self, step: int) -> None:
+        """Finish the publication of a stored checkpoint whose event never went out (the
+        trainer died between the MANIFEST and the event); a published one is left alone."""
+        if any(e.step == step for e in self.bus.history(events.CHECKPOINT_PUBLISHED)):
+            return
+        log.info("checkpoint %d is stored but was never announced: announcing it", step)
+        self._announce(step)
 
     def publish_async(self, step: int, directory: Path) -> Future:
         future = self._executor.submit(self._publish, step, directory)
@@ -54,6 +78,10 @@ class CheckpointPublisher:
 
     def _publish(self, step: int, directory: Path) -> None:
         self.store.put_dir(checkpoint_prefix(step), directory)
+        self._announce(step)
+        self._prune_local(keep=step)
+
+    def _announce(self, step: int) -> None:
         plan = RefreshPlan.for_run(step, self.config, self.dataset)
         self.bus.set_latest_checkpoint(step)
         self.queue.enqueue(step, CORPUS, plan.corpus_ranges)
@@ -62,7 +90,6 @@ class CheckpointPublisher:
                          **plan.to_payload())
         log.info("checkpoint %d published (%d corpus + %d query shards)", step,
                  len(plan.corpus_ranges), len(plan.query_ranges))
-        self._prune_local(keep=step)
 
     def _prune_local(self, keep: int) -> None:
         steps = sorted(int(p.name) for p in self.local_dir.iterdir() if p.name.isdigit())

@@ -1,12 +1,14 @@
 """Where a training step draws its hard negatives from.
 
 Every source answers ``sample(query_id, n, rng) -> list[int]`` (document indices, never a
-positive of the query). A :class:`~ance_train.common.negatives.NegativesTable` is one; the
+positive of the query) and ``sample_many(query_ids, n, rng)`` for a whole batch. A
+:class:`~ance_train.common.negatives.NegativesTable` is one; the
 others are the DPR-style baselines the ANCE paper compares against (its Table 1).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -18,8 +20,22 @@ from ance_train.common.negatives import NegativesTable
 class NegativeSource(Protocol):
     def sample(self, query_id: str, n: int, rng: np.random.Generator) -> list[int]: ...
 
+    def sample_many(self, query_ids: Sequence[str], n: int,
+                    rng: np.random.Generator) -> list[list[int]]: ...
 
-class RandomNegatives:
+
+class _PerQuery:
+    """``sample_many`` as one ``sample`` per query (sources without a vectorised draw)."""
+
+    def sample(self, query_id: str, n: int, rng: np.random.Generator) -> list[int]:
+        raise NotImplementedError
+
+    def sample_many(self, query_ids: Sequence[str], n: int,
+                    rng: np.random.Generator) -> list[list[int]]:
+        return [self.sample(query_id, n, rng) for query_id in query_ids]
+
+
+class RandomNegatives(_PerQuery):
     """Uniform over the corpus minus the query's positives ("Rand Neg")."""
 
     def __init__(self, num_docs: int, positives: dict[str, list[int]]) -> None:
@@ -37,7 +53,7 @@ class RandomNegatives:
         return picked
 
 
-class MixedNegatives:
+class MixedNegatives(_PerQuery):
     """Each negative from ``first`` with probability ``share``, else from ``second``
     (DPR's "BM25 + Rand Neg", 1:1)."""
 

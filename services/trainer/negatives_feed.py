@@ -3,6 +3,10 @@
 It keeps the BM25 table, the newest ANN table and the newest DANCE negative-query table.
 The training loop reads them once per batch: attribute reads, so switching to newer
 negatives never blocks a step (ANCE §4, asynchronous index refresh).
+
+A resumed trainer first reloads the tables it held at its checkpoint, then catches up with
+every newer table announced in the stream: the process that died may already have
+acknowledged those events, so the consumer group would not deliver them again.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ from collections.abc import Callable
 
 from ance_train.common import events
 from ance_train.common.negatives import NegativesTable
+from ance_train.common.refresh import negatives_key
 from ance_train.common.storage import ObjectStore, StorageError
+
+from .training_state import NegativesInUse
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,21 @@ class NegativesFeed:
     def start(self) -> NegativesFeed:
         self._thread.start()
         return self
+
+    def restore(self, held: NegativesInUse) -> None:
+        """Reload the tables held at a checkpoint, then take any newer announced one."""
+        wanted = {"bm25": negatives_key("bm25") if held.bm25 else None,
+                  "ann": None if held.ann is None else negatives_key(held.ann),
+                  "dual": None if held.dual is None else negatives_key(f"{held.dual}-dual")}
+        for name, key in wanted.items():
+            if key is None:
+                continue
+            try:
+                self._set(name, self._load(key))
+            except StorageError as error:
+                log.error("cannot reload the %s negatives %s: %s", name, key, error)
+        for event in self.bus.history(events.NEGATIVES_READY):
+            self._handle(event)
 
     def wait_until(self, ready: Callable[[], bool], timeout_s: float | None = None) -> bool:
         """Block until ``ready()`` (only allowed before the first step)."""

@@ -7,29 +7,36 @@ query-retrieval loss when enabled), and every ``refresh_every`` steps saves a ch
 the publisher uploads and announces in the background. It records the async gap (current
 step − step of the checkpoint whose negatives are in use, ANCE §6.4) and, at an interval,
 the gradient norms of the bottom / middle / top layers (ANCE Fig. 4).
+
+A restarted trainer resumes from the newest complete checkpoint of its run: weights,
+optimizer, scheduler, RNG states, batch position, negatives tables and summary records come
+back as they were at that step (:mod:`.training_state`); the checkpoint is not republished.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import random
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import get_linear_schedule_with_warmup
 
 from ance_train.common import events
 from ance_train.common.model import BiEncoder, load_tokenizer
 from ance_train.common.runtime import ServiceContext
+from ance_train.common.telemetry import TrainerTelemetry
 
 from .batches import BatchBuilder
-from .checkpoints import CheckpointPublisher
+from .checkpoints import CheckpointPublisher, latest_complete_checkpoint
 from .loss import contrastive_nll, layer_grad_norms
 from .negative_sources import NegativesPicker, RandomNegatives
 from .negatives_feed import NegativesFeed
+from .training_state import NegativesInUse, TrainingState, capture_rng, restore_rng
 
 SUMMARY_KEY = "trainer/summary.json"
 
@@ -49,6 +56,12 @@ class TrainingRecord:
     negatives_ms: list[float] = field(default_factory=list)
     wait_before_first_s: float = 0.0
     checkpoints: list[int] = field(default_factory=list)
+    resumed_from: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainingRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
 
 
 def autocast_context(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -69,8 +82,16 @@ class Trainer:
         if cfg.training.torch_threads:
             torch.set_num_threads(cfg.training.torch_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = load_tokenizer(cfg.model.path)
-        self.model = BiEncoder.from_pretrained(cfg.model.path, cfg.model).to(self.device)
+        self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
+        self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
+                                             ctx.work_dir)
+        self.resumed_from = latest_complete_checkpoint(ctx.store)
+        model_dir = Path(cfg.model.path)
+        if self.resumed_from is not None:
+            ctx.log.info("resuming from checkpoint %d", self.resumed_from)
+            model_dir = self.publisher.fetch(self.resumed_from)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
                                            weight_decay=cfg.training.weight_decay)
         self.scheduler = get_linear_schedule_with_warmup(
@@ -78,27 +99,49 @@ class Trainer:
         self.batches = BatchBuilder(ctx.dataset, cfg.training.batch_size,
                                     cfg.negatives.per_query,
                                     cfg.training.in_batch_negatives, cfg.training.seed)
-        self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
-        self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
-                                             ctx.work_dir)
         self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop)
         self.picker = NegativesPicker(
             cfg.negatives, self.feed,
             RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
         self.record = TrainingRecord()
+        self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps)
         self.step = 0
+        self.in_use_step: int | None = None  # step of the negatives table the last step used
+        self.first_step = 1  # the first step this process runs (logged)
+        self._resume_state = (None if self.resumed_from is None
+                              else self._restore(TrainingState.load(model_dir)))
+
+    def _restore(self, state: TrainingState) -> TrainingState:
+        """Optimizer, scheduler, batch position and records of a checkpoint (the RNG states
+        and the negatives tables are restored by ``run``, right before the loop)."""
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        self.batches.load_state_dict(state.batches)
+        self.record = TrainingRecord.from_dict(state.record)
+        self.record.resumed_from.append(state.step)
+        self.step = state.step
+        self.in_use_step = state.negatives.in_use
+        return state
 
     def run(self) -> TrainingRecord:
         ctx, cfg = self.ctx, self.cfg
-        ctx.state.update(state="running", phase="checkpoint 0", total=cfg.training.steps)
-        self._checkpoint(0)
+        self.telemetry.started()
+        ctx.state.update(state="running", phase=f"checkpoint {self.step}",
+                         total=cfg.training.steps, step=self.step, done=self.step)
+        if self._resume_state is None:
+            self._checkpoint(0)
+        else:
+            self.publisher.ensure_announced(self.step)
+            self.feed.restore(self._resume_state.negatives)
         self.feed.start()
         if self.picker.needs_wait():
             ctx.state.update(phase="waiting for first negatives")
             started = time.monotonic()
             self.feed.wait_until(self.picker.ready)
-            self.record.wait_before_first_s = time.monotonic() - started
-        in_use_step: int | None = None
+            self.record.wait_before_first_s += time.monotonic() - started
+        if self._resume_state is not None:
+            restore_rng(self._resume_state.rng)  # last: nothing may draw before the loop
+        self.first_step = self.step + 1
         dual_weight = cfg.negatives.dual_weight
         while self.step < cfg.training.steps and not ctx.stop.is_set():
             self.step += 1
@@ -107,9 +150,9 @@ class Trainer:
             dual = self.feed.dual if dual_weight > 0 else None
             batch = self.batches.build(source, dual, cfg.negatives.dual_per_positive)
             negatives_ms = (time.monotonic() - started) * 1000
-            if table_step is not None and table_step != in_use_step:
+            if table_step is not None and table_step != self.in_use_step:
                 self.record.swaps.append({"step": self.step, "negatives_step": table_step})
-                in_use_step = table_step
+                self.in_use_step = table_step
             loss, dual_loss = self._optimise(batch, dual_weight)
             gap = None if table_step is None or table_step < 0 else self.step - table_step
             self.record.dual_losses.append(dual_loss)
@@ -123,6 +166,7 @@ class Trainer:
         ctx.store.put_json(SUMMARY_KEY, self.summary(finished))
         if finished:
             ctx.bus.publish(events.RUN_FINISHED, self.step, final_step=self.step)
+            self.telemetry.finished(self.step)
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
         return self.record
 
@@ -178,22 +222,30 @@ class Trainer:
         self.ctx.state.update(step=self.step, done=self.step, phase="training",
                               index_step=-1 if negatives_step is None else negatives_step,
                               metrics=metrics)
-        if self.step % 10 == 0 or self.step == 1:
+        self.telemetry.step(self.step, loss, negatives_step, gap)
+        if self.step % 10 == 0 or self.step in (1, self.first_step):
             self.ctx.log.info("step %d loss %.4f gap %s (%.2fs)", self.step, loss, gap, seconds)
 
     def _checkpoint(self, step: int) -> None:
-        state = {
-            "step": step,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "batches": json.dumps(self.batches.state_dict(), default=_jsonable),
-            "torch_rng": torch.get_rng_state(),
-            "numpy_rng": json.dumps(np.random.get_state()[1].tolist()),
-        }
-        directory = self.publisher.save(step, self.model, self.tokenizer, state)
-        self.publisher.publish_async(step, directory)
         self.record.checkpoints.append(step)
+        feed = self.feed
+        state = TrainingState(
+            step=step, optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(), rng=capture_rng(),
+            batches=self.batches.state_dict(),
+            negatives=NegativesInUse(
+                ann=None if feed.ann is None else feed.ann.step,
+                dual=None if feed.dual is None else feed.dual.step,
+                bm25=feed.bm25 is not None, in_use=self.in_use_step),
+            record=asdict(self.record))
+        directory = self.publisher.save(step, self.model, self.tokenizer, state)
+        self.publisher.publish_async(step, directory).add_done_callback(
+            functools.partial(self._published, step))
         self.ctx.state.update(checkpoint_step=step)
+
+    def _published(self, step: int, upload: Future) -> None:
+        if upload.exception() is None:  # a failed upload surfaces in publisher.flush()
+            self.telemetry.checkpoint_published(step)
 
     def summary(self, finished: bool) -> dict:
         rec = self.record
@@ -208,6 +260,7 @@ class Trainer:
             "negatives_steps": rec.negatives_steps,
             "swaps": rec.swaps,
             "checkpoints": rec.checkpoints,
+            "resumed_from": rec.resumed_from,
             "step_seconds": rec.step_seconds,
             "negatives_ms": rec.negatives_ms,
             "wait_before_first_s": rec.wait_before_first_s,
@@ -220,14 +273,6 @@ class Trainer:
         rec = self.record
         first = next((i for i, s in enumerate(rec.negatives_steps) if s is not None), None)
         return 0.0 if first is None else sum(rec.negatives_ms[first:]) / 1000
-
-
-def _jsonable(value: object) -> object:
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
 def serve(ctx: ServiceContext) -> int:
