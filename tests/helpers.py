@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from ance_train.common.config import default_model_path
+from ance_train.common.synthetic import make_tiny_bert  # noqa: F401 - re-exported
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = Path(os.environ.get("ANCE_SCIFACT_DIR", REPO.parent / "shared" / "data" / "scifact"))
@@ -22,21 +22,6 @@ def scifact_dir() -> Path:
             "(or ANCE_SCIFACT_DIR)"
         )
     return SCIFACT
-
-
-def make_tiny_bert(directory: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
-    """A randomly initialised 2-layer BERT with the MiniLM WordPiece tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path(), local_files_only=True)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden,
-                        num_hidden_layers=layers, num_attention_heads=2,
-                        intermediate_size=hidden * 2, max_position_embeddings=512)
-    BertModel(config).save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def make_scifact_subset(directory: Path, max_docs: int = 300, max_queries: int = 120) -> Path:

@@ -87,6 +87,7 @@ def test_unknown_top_level_field_is_named(tmp_path: Path) -> None:
         ({"model": {"pooling": "max"}}, "model.pooling"),
         ({"model": {"temperature": 0}}, "model.temperature"),
         ({"inference": {"claim_timeout_s": -1}}, "inference.claim_timeout_s"),
+        ({"inference": {"precision": "fp8"}}, "inference.precision"),
         ({"data": {"path": "d", "dev_fraction": 1.0}}, "data.dev_fraction"),
         ({"run_id": "My-Run"}, "run_id"),
         ({"run_id": "-leading-dash"}, "run_id"),

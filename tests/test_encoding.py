@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from transformers import BertConfig, BertModel
 
+from ance_train.common import encoding
 from ance_train.common.config import default_model_path
-from ance_train.common.encoding import encode_texts, plan_batches
+from ance_train.common.encoding import (
+    cpu_has_native_bf16,
+    encode_texts,
+    plan_batches,
+    prepare_model,
+    resolve_precision,
+)
 from ance_train.common.model import BiEncoder, load_tokenizer
 
 TEXTS = [
@@ -130,3 +140,92 @@ def test_plan_batches():
     assert sorted(i for b in plan_batches(lengths, 4, 12) for i in b) == list(range(6))
     with pytest.raises(ValueError):
         plan_batches(lengths, batch_size=0)
+
+
+# ------------------------------------------------------------------ background tokenisation
+
+
+def test_background_tokenisation_gives_the_same_embeddings(model, tokenizer, monkeypatch):
+    monkeypatch.setattr(encoding, "BACKGROUND_CHUNK", 3)  # several chunks for 7 texts
+    inline = encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=2)
+    seen: list[int] = []
+    background = encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=2,
+                              background=True, progress=seen.append)
+    np.testing.assert_allclose(background, inline, atol=1e-5)
+    assert sum(seen) == len(TEXTS)
+
+
+def test_background_tokeniser_error_reaches_the_caller_and_the_thread_ends(model, tokenizer):
+    class Broken:
+        pad_token_id = 0
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("tokenizer exploded")
+
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="tokenizer exploded"):
+        encode_texts(model, Broken(), TEXTS, MAX_LENGTH, background=True)
+    assert threading.active_count() == before
+
+
+def test_background_producer_stops_when_the_consumer_fails(model, tokenizer, monkeypatch):
+    monkeypatch.setattr(encoding, "BACKGROUND_CHUNK", 1)  # many small items to produce
+    calls = 0
+
+    def failing(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise ValueError("forward failed")
+        return torch.zeros(len(args[0]), model.dim)
+
+    before = threading.active_count()
+    monkeypatch.setattr(model, "forward", failing)
+    with pytest.raises(ValueError, match="forward failed"):
+        encode_texts(model, tokenizer, TEXTS * 10, MAX_LENGTH, batch_size=1, background=True)
+    assert threading.active_count() == before
+
+
+# --------------------------------------------------------------------------- precision
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize(("precision", "min_cosine"), [("bf16", 0.999), ("int8", 0.98)])
+def test_lossy_precisions_stay_close_to_fp32(tokenizer, precision, min_cosine):
+    fp32 = tiny_bi_encoder(tokenizer)
+    before = {k: v.clone() for k, v in fp32.state_dict().items()}
+    reference = encode_texts(fp32, tokenizer, TEXTS, MAX_LENGTH)
+    converted = prepare_model(fp32, precision, "cpu")
+    assert converted is not fp32
+    out = encode_texts(converted, tokenizer, TEXTS, MAX_LENGTH)
+    assert out.dtype == np.float32 and out.shape == reference.shape
+    assert cosines(out, reference).min() > min_cosine
+    assert not np.allclose(out, reference, atol=1e-7)  # the conversion really happened
+    # The original model is untouched (a trainer keeps optimising it in fp32).
+    for name, value in fp32.state_dict().items():
+        assert value.dtype == before[name].dtype and torch.equal(value, before[name]), name
+
+
+def test_fp32_precision_is_the_model_itself(model):
+    assert prepare_model(model, "fp32", "cpu") is model
+
+
+def test_auto_precision_follows_the_hardware(monkeypatch):
+    monkeypatch.setattr(encoding, "cpu_has_native_bf16", lambda: True)
+    assert resolve_precision("auto", "cpu") == "bf16"
+    monkeypatch.setattr(encoding, "cpu_has_native_bf16", lambda: False)
+    assert resolve_precision("auto", "cpu") == "fp32"
+    assert resolve_precision("int8", "cpu") == "int8"
+    with pytest.raises(ValueError, match="int8"):
+        resolve_precision("int8", "cuda")
+    with pytest.raises(ValueError, match="unknown precision"):
+        prepare_model(tiny_bi_encoder(load_tokenizer(default_model_path())), "fp8", "cpu")
+
+
+def test_cpu_bf16_detection_reads_the_cpu_flags():
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = next(line for line in lines if line.startswith("flags")).split()
+    assert cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)

@@ -136,6 +136,48 @@ def test_sample_without_replacement_covers_row_by_probability() -> None:
     assert hits > 1900  # P(10 in pair) = 0.9 + 0.1 * 0.9 / 0.925 > 0.99
 
 
+def test_sample_many_draws_each_query_from_its_own_row() -> None:
+    table = _table()
+    rng = np.random.default_rng(5)
+    queries = ["qd", "unknown", "qa", "qc", "qb", "qa"]
+    for _ in range(200):
+        drawn = table.sample_many(queries, 3, rng)
+        assert len(drawn) == len(queries)
+        assert sorted(drawn[0]) == [30, 31]  # short row: all it has
+        assert drawn[1] == [] and drawn[3] == []  # unknown query, empty row
+        for i in (2, 4, 5):
+            row = table.candidates[table.row(queries[i])]
+            assert len(drawn[i]) == 3 and len(set(drawn[i])) == 3
+            assert set(drawn[i]) <= set(row[row != PAD].tolist())
+    assert table.sample_many(queries, 0, rng) == [[] for _ in queries]
+    assert table.sample_many([], 2, rng) == []
+
+
+def test_sample_many_pairs_follow_draws_without_replacement() -> None:
+    """Two of [0.5, 0.3, 0.2]: P(pair = {a, b}) = p_a p_b / (1 - p_a) + p_b p_a / (1 - p_b)."""
+    probs = np.zeros((4, 5), np.float32)
+    probs[0, :3] = [0.5, 0.3, 0.2]
+    candidates = np.full((4, 5), PAD, np.int64)
+    candidates[0, :3] = [1, 2, 3]
+    table = NegativesTable(step=1, query_ids=np.array(["qa", "qb", "qc", "qd"]),
+                           candidates=candidates, scores=np.zeros((4, 5), np.float32),
+                           positive_scores=np.zeros(4, np.float32), probabilities=probs,
+                           sources=np.zeros((4, 5), np.int8))
+    p = {1: 0.5, 2: 0.3, 3: 0.2}
+    pairs = [(1, 2), (1, 3), (2, 3)]
+    expected = np.array([p[a] * p[b] / (1 - p[a]) + p[b] * p[a] / (1 - p[b]) for a, b in pairs])
+    rng = np.random.default_rng(11)
+    draws = 4000
+    counts = dict.fromkeys(pairs, 0)
+    for _ in range(draws // 4):
+        for row in table.sample_many(["qa"] * 4, 2, rng):
+            counts[tuple(sorted(row))] += 1
+    observed = np.array([counts[pair] for pair in pairs])
+    assert stats.chisquare(observed, expected * draws).pvalue > 1e-4, observed.tolist()
+    # Negative control: uniform pairs are rejected.
+    assert stats.chisquare(observed, np.full(3, draws / 3)).pvalue < 1e-4
+
+
 # --------------------------------------------------------------------------- serialisation
 
 

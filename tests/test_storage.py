@@ -195,6 +195,19 @@ def test_put_dir_get_dir(store: ObjectStore, tmp_path: Path) -> None:
     assert _tree(dest) == files
 
 
+def test_get_dir_skips_the_files_it_is_told_to(store: ObjectStore, tmp_path: Path) -> None:
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    files = {"model.safetensors": os.urandom(500), "training_state.safetensors": b"moments",
+             "training_state.json": b"{}"}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    store.put_dir("checkpoints/7", src)
+    dest = tmp_path / "restored"
+    store.get_dir("checkpoints/7", dest, skip=lambda rel: rel.startswith("training_state."))
+    assert _tree(dest) == {"model.safetensors": files["model.safetensors"]}
+
+
 def test_put_dir_writes_manifest_last(store: ObjectStore, tmp_path: Path) -> None:
     src = tmp_path / "d"
     src.mkdir()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,11 +15,19 @@ from .model import BiEncoder, load_tokenizer
 from .refresh import checkpoint_prefix
 from .storage import ObjectStore
 
+# The trainer's resume state (optimizer moments: about twice the weights' size) is written
+# into every checkpoint as ``training_state.*``; a model used for encoding never needs it.
+TRAINING_STATE_PREFIX = "training_state."
+
 
 class ModelCache:
+    """``prepare`` (e.g. a precision conversion) is applied once to each loaded model."""
+
     def __init__(self, store: ObjectStore, config: ModelConfig, directory: Path,
-                 device: torch.device) -> None:
+                 device: torch.device,
+                 prepare: Callable[[BiEncoder], BiEncoder] | None = None) -> None:
         self.store = store
+        self.prepare = prepare
         self.config = config
         self.directory = directory
         self.device = device
@@ -31,8 +40,11 @@ class ModelCache:
         with self.lock:
             if self.step != step:
                 local = self.directory / str(step)
-                self.store.get_dir(checkpoint_prefix(step), local)
+                self.store.get_dir(checkpoint_prefix(step), local,
+                                   skip=lambda rel: rel.startswith(TRAINING_STATE_PREFIX))
                 model = BiEncoder.from_pretrained(local, self.config).to(self.device).eval()
+                if self.prepare is not None:
+                    model = self.prepare(model)
                 tokenizer = load_tokenizer(local)
                 if self.step is not None:
                     shutil.rmtree(self.directory / str(self.step), ignore_errors=True)

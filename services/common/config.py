@@ -147,21 +147,92 @@ class InferenceConfig(_Strict):
     batch_size: int = Field(64, ge=1)
     max_tokens_per_batch: int | None = Field(
         None, ge=1,
-        description="Cap on rows × padded length per batch; default: 4096 on CPU (measured "
-                    "faster there, docs/benchmarks/encode.md), uncapped on GPU.",
+        description="Cap on rows × padded length per batch; default: 4096 on CPU (bounded "
+                    "memory; docs/benchmarks/performance.md), uncapped on GPU.",
     )
     claim_timeout_s: float = Field(
         60.0, gt=0.0, description="An item not heart-beaten for this long is reclaimed."
     )
     torch_threads: int | None = Field(None, ge=1)
+    precision: Literal["auto", "fp32", "bf16", "int8"] = Field(
+        "auto",
+        description="Precision of the weights when encoding. auto: bf16 where the hardware "
+                    "computes it natively (CUDA with bf16, CPUs with AVX512-BF16 or AMX), else "
+                    "fp32. int8: dynamic quantisation of the Linear layers (CPU only). bf16 and "
+                    "int8 are lossy: docs/benchmarks/performance.md measures their effect.",
+    )
+
+
+class IvfConfig(_Strict):
+    """Inverted lists (``ivf``, ``ivfpq``). Defaults follow the FAISS wiki, "Guidelines to
+    choose an index": K = 4·sqrt(N) to 16·sqrt(N) lists, 30·K to 256·K training vectors."""
+
+    nlist: int | None = Field(
+        None, ge=1, description="Lists; default round(4·sqrt(N)), at most N/39 (FAISS warns "
+                                "below 39 training points per list).")
+    nprobe: int = Field(
+        32, ge=1, description="Lists visited per query (FAISS default 1 is far too few for a "
+                              "top-200; see docs/benchmarks/indexer.md for recall).")
+    train_points_per_list: int = Field(
+        39, ge=30, le=256, description="k-means sample = nlist × this (FAISS wiki: 30 to 256; "
+                                       "39 is where FAISS stops warning). The index is rebuilt "
+                                       "at every refresh, so training cost recurs.")
+
+    @model_validator(mode="after")
+    def _nprobe_within_nlist(self) -> IvfConfig:
+        if self.nlist is not None and self.nprobe > self.nlist:
+            raise ValueError(f"index.ivf.nprobe ({self.nprobe}) must not exceed "
+                             f"index.ivf.nlist ({self.nlist})")
+        return self
+
+
+class PqConfig(_Strict):
+    """Product quantisation of the vectors in the lists (``ivfpq``)."""
+
+    m: int | None = Field(
+        None, ge=1, description="Sub-quantisers; must divide the embedding dimension; default "
+                                "dim/8 (8-d sub-vectors, FAISS wiki: 'PQ M' with d/M ≤ 8-16).")
+    nbits: int = Field(8, ge=4, le=12, description="Bits per sub-quantiser code (FAISS: 8).")
+
+
+class HnswConfig(_Strict):
+    """Hierarchical navigable small world graph (``hnsw``); FAISS wiki: M in 4..64."""
+
+    m: int = Field(32, ge=4, le=128, description="Neighbours per node (FAISS wiki: 32).")
+    ef_construction: int = Field(40, ge=8, description="Build beam width (FAISS default 40).")
+    ef_search: int = Field(
+        128, ge=1, description="Search beam width; raised to k for deeper searches.")
 
 
 class IndexConfig(_Strict):
-    """Indexer: ANN search, negative mining and evaluation."""
+    """Indexer: ANN search, negative mining and evaluation.
+
+    ``type``: ``flat`` (exact inner product, ANCE §5; the default), ``ivf`` (inverted lists),
+    ``ivfpq`` (inverted lists + product quantisation) or ``hnsw`` (graph). Only the settings
+    of the chosen type may be given. ``device``: ``auto`` searches on the GPU when FAISS sees
+    one (HNSW always runs on the CPU).
+    """
 
     eval_depth: int = Field(1000, ge=10)
     eval_splits: list[Literal["dev", "test"]] = Field(default_factory=lambda: ["dev", "test"])
-    search_batch_size: int = Field(1024, ge=1)
+    search_batch_size: int = Field(
+        1024, ge=1, description="Queries per FAISS search call: memory is batch × k, never "
+                                "queries × corpus.")
+    type: Literal["flat", "ivf", "ivfpq", "hnsw"] = "flat"
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    ivf: IvfConfig = Field(default_factory=IvfConfig)
+    pq: PqConfig = Field(default_factory=PqConfig)
+    hnsw: HnswConfig = Field(default_factory=HnswConfig)
+
+    @model_validator(mode="after")
+    def _settings_match_type(self) -> IndexConfig:
+        used = {"flat": set(), "ivf": {"ivf"}, "ivfpq": {"ivf", "pq"}, "hnsw": {"hnsw"}}
+        for name in sorted({"ivf", "pq", "hnsw"} - used[self.type]):
+            settings = getattr(self, name)
+            if settings != type(settings)():  # defaults (as in a dumped config) are fine
+                raise ValueError(f"index.{name} is set but index.type is {self.type}: "
+                                 f"it would be ignored")
+        return self
 
 
 class ServicesConfig(_Strict):

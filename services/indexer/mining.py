@@ -101,7 +101,7 @@ class Miner:
     def _scores(self, index: AnnIndex, queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """``s(q, d) = sim / temperature`` for each candidate (0 on padding)."""
         safe = np.where(candidates != PAD, candidates, 0)
-        sims = np.einsum("qd,qkd->qk", queries, index.vectors(safe))
+        sims = index.scores(queries, safe)  # a block of rows at a time, never Q × K × dim
         return np.where(candidates != PAD, sims / self.temperature, 0.0).astype(np.float32)
 
     def mine(self, step: int, index: AnnIndex, queries: np.ndarray, ranked: np.ndarray,

@@ -15,23 +15,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from ance_train.common import events
 from ance_train.common.checkpoint_cache import ModelCache
-from ance_train.common.encoding import encode_texts
-from ance_train.common.refresh import (
-    CORPUS,
-    embedding_key,
-    pack_embeddings,
-    query_order,
-)
+from ance_train.common.encoding import encode_texts, prepare_model, resolve_precision
+from ance_train.common.refresh import CORPUS, query_order
 from ance_train.common.runtime import ServiceContext
+from ance_train.common.storage import StorageError
+from ance_train.common.telemetry import InferencerTelemetry
 
-# On CPU, batches of at most 4096 padded tokens encode faster than full 32-row batches of
-# 256-token texts (bench/encode.py: 1.32x vs 1.16x over the padded baseline).
+from .uploader import EncodedShard, ShardUploader
+
+# On CPU, batches are capped at 4096 padded tokens (16 rows of 256 tokens): bounded memory and
+# cache-sized matrices; docs/benchmarks/performance.md ("Encoding") has what it measures.
 CPU_MAX_TOKENS_PER_BATCH = 4096
 
 # Atomically raise the "refresh under way" marker; returns the marker after the update.
@@ -51,12 +51,19 @@ class Inferencer:
             torch.set_num_threads(cfg.inference.torch_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
+        # bf16 / int8 (inference.precision) are applied once per checkpoint, when it is loaded.
+        self.precision = resolve_precision(cfg.inference.precision, self.device)
+        ctx.log.info("encoding on %s in %s (inference.precision %s)", self.device.type,
+                     self.precision, cfg.inference.precision)
         self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints",
-                                 self.device)
+                                 self.device,
+                                 prepare=lambda m: prepare_model(m, self.precision, self.device))
+        self.uploader = ShardUploader(ctx.store, ctx.bus, self.queue, self._uploaded)
         self.query_ids = query_order(ctx.dataset)
         self.max_tokens_per_batch = cfg.inference.max_tokens_per_batch or (
             CPU_MAX_TOKENS_PER_BATCH if self.device.type == "cpu" else None)
         self._raise_marker = ctx.redis.register_script(_RAISE_MAX)
+        self.telemetry = InferencerTelemetry()
         self.encoded = 0
         self.skipped = 0
 
@@ -74,12 +81,21 @@ class Inferencer:
             if item is None:
                 ctx.state.update(state="idle", phase="waiting for work")
                 continue
-            if not self._should_encode(item):
-                self.skipped += 1
-                ctx.log.info("skipping %s of superseded checkpoint %d", item.name, item.step)
-                self.queue.done(item)
-                continue
-            self._encode(item, consumer)
+            try:
+                self._handle(item, consumer)
+            except (*events.REDIS_UNAVAILABLE, StorageError) as error:
+                # Not acknowledged: the item is delivered again after claim_timeout_s.
+                ctx.log.warning("%s@%d left for redelivery: %s", item.name, item.step, error)
+                ctx.stop.wait(1.0)
+        self.uploader.close()  # the last shard's upload finishes before the service stops
+
+    def _handle(self, item: events.WorkItem, consumer: str) -> None:
+        if not self._should_encode(item):
+            self.skipped += 1
+            self.ctx.log.info("skipping %s of superseded checkpoint %d", item.name, item.step)
+            self.queue.done(item)
+            return
+        self._encode(item, consumer)
 
     def _should_encode(self, item: events.WorkItem) -> bool:
         latest = self.ctx.bus.latest_checkpoint()
@@ -97,9 +113,15 @@ class Inferencer:
         beat = threading.Thread(target=self._heartbeat, args=(consumer, item, beating),
                                 daemon=True)
         beat.start()
+
+        def release() -> None:
+            beating.set()
+            beat.join()
+
         started = time.monotonic()
         try:
             model, tokenizer = self.models.get(item.step)
+            loaded = time.monotonic()
             if item.kind == CORPUS:
                 ids = np.arange(item.start, item.stop, dtype=np.int64)
                 texts = [text for _, text in ctx.corpus.iter_range(item.start, item.stop)]
@@ -111,22 +133,36 @@ class Inferencer:
             vectors = encode_texts(model, tokenizer, texts, max_length=max_length,
                                    batch_size=cfg.inference.batch_size, device=self.device,
                                    max_tokens_per_batch=self.max_tokens_per_batch,
-                                   progress=lambda n: ctx.state.update(done=n))
-            key = embedding_key(item.step, item.kind, item.shard)
-            ctx.store.put_bytes(key, pack_embeddings(ids, vectors))
-        finally:
-            beating.set()
-            beat.join()
-        seconds = time.monotonic() - started
-        ctx.bus.publish(events.SHARD_ENCODED, item.step, kind=item.kind, shard=item.shard,
-                        key=key, count=len(ids), seconds=seconds, instance=consumer,
-                        attempt=item.attempt)
-        self.queue.done(item)
+                                   progress=self._progress(), background=True)
+        except BaseException:
+            release()
+            raise
+        timings = {"load_s": loaded - started, "encode_s": time.monotonic() - loaded}
+        # Stored, announced and acknowledged in the background while the next shard encodes.
+        self.uploader.submit(EncodedShard(item, consumer, ids, vectors, timings, release))
+
+    def _progress(self) -> Callable[[int], None]:
+        """A progress callback that reports the texts encoded so far in the current item."""
+        done = 0
+
+        def advance(count: int) -> None:
+            nonlocal done
+            done += count
+            self.ctx.state.update(done=done)
+
+        return advance
+
+    def _uploaded(self, shard: EncodedShard, seconds: float) -> None:
+        """Bookkeeping after a shard's upload (called on the uploader thread)."""
+        count = len(shard.ids)
         self.encoded += 1
-        ctx.state.update(metrics={"docs_per_second": len(ids) / max(seconds, 1e-9),
-                                  "shards_encoded": self.encoded,
-                                  "shards_skipped": self.skipped})
-        ctx.log.info("%s@%d: %d texts in %.1fs", item.name, item.step, len(ids), seconds)
+        self.telemetry.shard_encoded(count, seconds)
+        self.ctx.state.update(metrics={"docs_per_second": count / max(seconds, 1e-9),
+                                       "shards_encoded": self.encoded,
+                                       "shards_skipped": self.skipped})
+        self.ctx.log.info("%s@%d: %d texts in %.1fs (%s)", shard.item.name, shard.item.step,
+                          count, seconds, ", ".join(f"{k} {v:.2f}" for k, v in
+                                                    shard.timings.items()))
 
     def _heartbeat(self, consumer: str, item: events.WorkItem, done: threading.Event) -> None:
         interval = max(self.ctx.config.inference.claim_timeout_s / 3, 0.2)

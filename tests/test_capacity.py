@@ -1,0 +1,122 @@
+"""The arithmetic of ``ance-train plan`` (services/common/capacity.py) on known inputs, and its
+index-memory model against real FAISS indexes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ance_train.cli import app
+from ance_train.common import capacity
+from ance_train.common.capacity import IndexRates, Workload, index_bytes, index_work, plan
+from ance_train.common.config import IndexConfig, parse_config
+from ance_train.common.synthetic import clustered_vectors
+from ance_train.indexer.ann import AnnIndex
+
+RATES = IndexRates({key: 1e9 for key in capacity.DEFAULT_RATES} | {"mine": 1e6}, "test")
+
+
+def test_refresh_period_of_a_known_workload() -> None:
+    load = Workload(docs=10_000, dim=100, replicas=3, docs_per_s=50.0, train_queries=1000,
+                    eval_queries=1000, doc_tokens=200, query_tokens=20, shard_size=1000,
+                    query_shard_size=2000, mine_depth=100, eval_depth=1000, store_mb_s=100.0,
+                    model_params=1_000_000)
+    result = plan(load, RATES)
+    s = result.seconds
+    # 10 corpus shards of 20 s on 3 replicas: 4 waves; one query shard of 2000 queries at
+    # 50 × 200/20 = 500 queries/s: 4 s.
+    assert s["encode"] == pytest.approx(4 * 20 + 4)
+    # Weights 4 MB; checkpoint = weights + Adam state = 12 MB; + 4 MB downloaded = 16 MB.
+    assert s["checkpoint_transfer"] == pytest.approx(16e6 / 100e6)
+    row = 100 * 4 + 8
+    assert result.storage_bytes["embeddings"] == 12_000 * row
+    assert s["embedding_transfer"] == pytest.approx((12_000 + 1000) * row / 100e6)
+    assert s["index_build"] == pytest.approx(10_000 * 100 / 1e9)  # flat: a copy
+    assert s["search_train"] == pytest.approx(1000 * 10_000 * 100 / 1e9)
+    assert s["search_eval"] == pytest.approx(1000 * 10_000 * 100 / 1e9)
+    assert s["mine"] == pytest.approx(1000 * 100 / 1e6)
+    negatives = 1000 * 100 * capacity.NEGATIVE_CELL_BYTES
+    assert s["negatives_upload"] == pytest.approx(negatives / 100e6)
+    assert result.refresh_s == pytest.approx(sum(s.values()))
+    assert result.storage_bytes == {"checkpoint": 12_000_000, "embeddings": 12_000 * row,
+                                    "negatives": negatives,
+                                    "total": 12_000_000 + 12_000 * row + negatives}
+    assert result.index_bytes == 10_000 * (100 * 4 + 8)  # vectors + row → document map
+    # Two indexes (one serving, one building), the query matrix, results, two tables.
+    assert result.indexer_bytes == (2 * result.index_bytes + 2000 * 100 * 4
+                                    + 1000 * 100 * 12 + 2 * negatives)
+
+
+def test_more_replicas_shorten_only_the_encoding() -> None:
+    base = dict(docs=100_000, dim=64, docs_per_s=100.0, train_queries=500)
+    one, four = (plan(Workload(replicas=r, **base), RATES) for r in (1, 4))
+    assert one.seconds["encode"] == pytest.approx(4 * four.seconds["encode"], rel=0.01)
+    assert {k: v for k, v in one.seconds.items() if k != "encode"} == {
+        k: v for k, v in four.seconds.items() if k != "encode"}
+
+
+def test_ivf_work_and_lists() -> None:
+    cfg = IndexConfig(type="ivf")
+    assert capacity.ivf_lists(cfg, 1_000_000) == 4000  # 4·sqrt(N)
+    assert capacity.ivf_lists(cfg, 10_000) == 256  # 400 lists need 15,600 points: N/39
+    assert capacity.ivf_train_size(cfg, 1_000_000) == 4000 * 39
+    build = index_work(cfg, "build", 1_000_000, 8)
+    assert build == pytest.approx(10 * 156_000 * 4000 * 8 + 1_000_000 * 4000 * 8)
+    search = index_work(cfg, "search", 1_000_000, 8, queries=10)
+    assert search == pytest.approx(10 * (4000 * 8 + 32 * 250 * 8))
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "ivfpq", "hnsw"])
+def test_index_bytes_match_faiss(kind: str) -> None:
+    docs, dim = 8000, 32
+    vectors = clustered_vectors(docs, dim, 40, np.random.default_rng(0))
+    config = IndexConfig.model_validate({"type": kind, **({"pq": {"m": 8}} if kind == "ivfpq"
+                                                          else {})})
+    index = AnnIndex(dim, config, "cosine", expected_size=docs)
+    index.add(np.arange(docs), vectors)
+    index.finalize()
+    predicted = index_bytes(config, docs, dim) - docs * capacity.ID_BYTES  # FAISS part only
+    assert index.nbytes() == pytest.approx(predicted, rel=0.02)
+
+
+def test_workload_takes_settings_from_a_run_config() -> None:
+    cfg = parse_config({"data": {"path": "d"}, "model": {"max_doc_length": 128},
+                        "inference": {"shard_size": 500},
+                        "negatives": {"sampling": "simans", "top_k": 300},
+                        "index": {"type": "ivf", "ivf": {"nlist": 64}}})
+    load = capacity.workload(docs=10_000, dim=32, replicas=2, docs_per_s=10.0,
+                             train_queries=100, doc_tokens=256, config=cfg,
+                             index_type="ivfpq")
+    assert (load.shard_size, load.mine_depth, load.doc_tokens) == (500, 100, 128)
+    assert load.index.type == "ivfpq" and load.index.ivf.nlist == 64
+
+
+def test_throughput_from_an_encode_report(tmp_path: Path) -> None:
+    report = tmp_path / "encode.json"
+    report.write_text(json.dumps({"params": {"mean_tokens": 240.0, "max_length": 256},
+                                  "results": {"ours": {"docs_per_s": 24.0}}}))
+    rate, tokens = capacity.throughput_from_benchmark(report)
+    assert (rate, tokens) == (24.0, 240.0)
+    assert capacity.scale_throughput(rate, tokens, 120) == pytest.approx(48.0)
+    report.write_text("{}")
+    with pytest.raises(ValueError, match="neither"):
+        capacity.throughput_from_benchmark(report)
+
+
+def test_plan_command(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["plan", "--docs", "20000", "--train-queries", "100",
+                                 "--docs-per-s", "40", "--replicas", "2", "--dim", "64",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["index_bytes"] == 20_000 * (64 * 4 + 8)
+    assert out["seconds"]["encode"] == pytest.approx(10 * 1000 / 40 + 100 / (40 * 256 / 32))
+    assert "refresh" in runner.invoke(app, ["plan", "--docs", "20000", "--train-queries", "100",
+                                            "--docs-per-s", "40"]).output
+    both = runner.invoke(app, ["plan", "--docs", "10", "--train-queries", "1"])
+    assert both.exit_code == 2 and "exactly one" in both.output
