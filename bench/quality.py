@@ -18,6 +18,7 @@ refresh, training loss, forgetting rate) into ``--out`` (default docs/benchmarks
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -37,11 +38,12 @@ ALL_METHODS = ["in-batch", "random", "bm25", "bm25-random", "ance", "simans", "a
 REPORTED = ("ndcg@10", "mrr@10", "recall@100")
 
 # The shared budget of every method. `cpu` is reduced to fit 60 minutes on 2 cores: shorter
-# documents (96 tokens), 30 steps, one seed; `gpu` is the full comparison.
+# documents (128 tokens), 30 steps, one seed, and four methods per invocation; `gpu` is the
+# full comparison. The learning rate 5e-5 won on dev (docs/benchmarks/tuning/).
 PROFILES: dict[str, dict] = {
-    "cpu": {"training": {"steps": 30, "batch_size": 16, "learning_rate": 2e-5,
+    "cpu": {"training": {"steps": 30, "batch_size": 16, "learning_rate": 5e-5,
                          "warmup_steps": 3, "refresh_every": 15, "torch_threads": 1},
-            "model": {"max_query_length": 48, "max_doc_length": 96},
+            "model": {"max_query_length": 48, "max_doc_length": 128},
             "inference": {"replicas": 2, "shard_size": 500, "batch_size": 32,
                           "torch_threads": 1},
             "seeds": [13]},
@@ -66,11 +68,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs-dir", type=Path, help="Where runs go (default: a temp dir).")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     parser.add_argument("--max-minutes-per-run", type=float, default=30.0)
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.FIELD=VALUE",
+                        help="Override a config field for every method (dev tuning), e.g. "
+                             "--set training.learning_rate=5e-5; repeatable.")
+    parser.add_argument("--name", help="Output file stem (default quality-<profile>).")
+    parser.add_argument("--combine", nargs="+", type=Path, metavar="REPORT_JSON",
+                        help="Train nothing: merge the reports of several invocations (e.g. "
+                             "four methods each, to fit the cpu budget) into one table/plots.")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.methods) - set(ALL_METHODS))
     if unknown:
         parser.error(f"unknown methods {unknown}; choose from {ALL_METHODS}")
+    for override in args.overrides:
+        path, sep, _ = override.partition("=")
+        if not sep or path.count(".") != 1:
+            parser.error(f"--set {override!r}: expected SECTION.FIELD=VALUE")
     return args
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> None:
+    """Lay ``SECTION.FIELD=VALUE`` overrides (VALUE parsed as YAML) over a config."""
+    for override in overrides:
+        path, _, value = override.partition("=")
+        section, field = path.split(".")
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str):  # YAML 1.1 reads "5e-5" (no dot) as a string
+            with contextlib.suppress(ValueError):
+                parsed = float(parsed)
+        raw.setdefault(section, {})[field] = parsed
 
 
 def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:
@@ -96,6 +122,7 @@ def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Pa
     if negatives.get("warmup_steps"):  # BM25 → X: warm up for one refresh interval
         negatives["warmup_steps"] = min(raw["training"]["refresh_every"],
                                         raw["training"]["steps"] - 1)
+    apply_overrides(raw, args.overrides)
     return raw
 
 
@@ -230,15 +257,43 @@ def plot(report: dict, out: Path) -> list[str]:
         ax.set_xlabel("training step")
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        name = f"quality-{report['profile']}-{slug}.png"
+        name = f"{report['name']}-{slug}.png"
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         names.append(name)
     return names
 
 
+def combine(paths: list[Path], name: str) -> dict:
+    """One report from several invocations of the same profile and budget."""
+    reports = [json.loads(path.read_text()) for path in paths]
+    first = reports[0]
+    for path, other in zip(paths[1:], reports[1:], strict=True):
+        for key in ("profile", "budget", "seeds", "overrides"):
+            if other.get(key) != first.get(key):
+                raise SystemExit(f"{path}: {key} differs from {paths[0]}; not comparable")
+    runs = [run for report in reports for run in report["runs"]]
+    return {**first, "name": name, "command": " && ".join(r["command"] for r in reports),
+            "parts": [{"file": str(p), "date": r["date"], "minutes": r["minutes"],
+                       "methods": r["methods"]} for p, r in zip(paths, reports, strict=True)],
+            "methods": [run["method"] for run in runs], "runs": runs,
+            "aggregate": aggregate(runs), "minutes": sum(r["minutes"] for r in reports)}
+
+
+def write_report(report: dict, out: Path) -> None:
+    report["plots"] = plot(report, out)
+    # not with_suffix: a name like "tune-t0.05" would lose its ".05"
+    (out / f"{report['name']}.json").write_text(json.dumps(report, indent=2))
+    (out / f"{report['name']}.md").write_text(render_markdown(report))
+    print(render_markdown(report))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.combine:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_report(combine(args.combine, args.name or f"quality-{args.profile}"), args.out)
+        return 0
     seeds = args.seeds or PROFILES[args.profile]["seeds"]
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -258,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     zero_shot = runs[0]["refreshes"][0]["metrics"]
     report = {
         "command": command_line(), "date": utc_now(), "machine": machine(),
-        "profile": args.profile, "seeds": seeds, "methods": args.methods,
+        "profile": args.profile, "name": args.name or f"quality-{args.profile}",
+        "overrides": args.overrides, "seeds": seeds, "methods": args.methods,
         "budget": {key: method_config(args.methods[0], seeds[0], args, Path("runs"))[key]
                    for key in ("training", "model", "inference")},
         "references": {
@@ -268,11 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "aggregate": aggregate(runs), "runs": runs,
         "minutes": (time.monotonic() - started) / 60,
     }
-    report["plots"] = plot(report, args.out)
-    stem = args.out / f"quality-{args.profile}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    stem.with_suffix(".md").write_text(render_markdown(report))
-    print(render_markdown(report))
+    write_report(report, args.out)
     return 0
 
 
