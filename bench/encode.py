@@ -48,7 +48,7 @@ from ance_train.common.config import ModelConfig, default_model_path
 from ance_train.common.encoding import encode_texts, plan_batches, prepare_model
 from ance_train.common.model import BiEncoder, load_tokenizer
 
-from report import command_line, machine, utc_now
+from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 MIN_COSINE = 0.999
@@ -288,7 +288,7 @@ def run_compare(args: argparse.Namespace) -> int:
         "results": results, "agreement": agree,
     }
     name = "encode" if device.type == "cpu" else f"encode-{device.type}"
-    _write(args.out, name, report, render_compare(report))
+    write_report(args.out, name, report, render_compare(report))
     if not all(a["ok"] for a in agree.values()):
         print(f"fp32 embeddings disagree (min cosine <= {MIN_COSINE})", file=sys.stderr)
         return 1
@@ -389,15 +389,8 @@ def run_mfu(args: argparse.Namespace) -> int:
                    "params_m": sum(p.numel() for p in encoder.parameters()) / 1e6},
         "peak_flops": peak, "rows": rows,
     }
-    _write(args.out, f"encode-{device.type}-{args.arch}", report, render_gpu(report))
+    write_report(args.out, f"encode-{device.type}-{args.arch}", report, render_gpu(report))
     return 0
-
-
-def _write(out: Path, name: str, report: dict, markdown: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"{name}.md").write_text(markdown)
-    print(markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

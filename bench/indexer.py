@@ -39,7 +39,7 @@ from ance_train.common.synthetic import clustered_vectors, queries_near
 from ance_train.indexer.ann import AnnIndex, recall_at
 from ance_train.indexer.mining import Miner
 
-from report import command_line, machine, utc_now
+from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 TYPES = ["flat", "ivf", "ivfpq", "hnsw"]
@@ -263,10 +263,8 @@ def analyse(report: dict) -> dict:
 
 def write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "indexer.json").write_text(json.dumps(report, indent=2))
-    (out / "indexer.md").write_text(render_markdown(report))
     plot(report, out / "indexer.png")
-    print(render_markdown(report))
+    write_report(out, "indexer", report, render_markdown(report))
 
 
 def _gb(value: float) -> str:

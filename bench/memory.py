@@ -38,7 +38,7 @@ from ance_train.common import capacity
 from ance_train.common.config import IndexConfig
 from ance_train.common.synthetic import make_tiny_bert, write_beir
 
-from report import command_line, machine, utc_now
+from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.2
@@ -280,10 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": command_line(), "date": utc_now(), "machine": machine("cpu"),
               "params": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs}
     report["plan"] = predictions(runs, args, params)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "memory.json").write_text(json.dumps(report, indent=2, default=str))
-    (args.out / "memory.md").write_text(render_markdown(report))
-    print(render_markdown(report))
+    write_report(args.out, "memory", report, render_markdown(report))
     return 0
 
 

@@ -17,7 +17,6 @@ held-out part of train (``data.split_seed``); the test split is not used.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from ance_train.common.encoding import encode_texts, prepare_model
 from ance_train.common.evaluation import evaluate
 from ance_train.common.model import BiEncoder, load_tokenizer
 
-from report import command_line, machine, utc_now
+from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ["fp32", "bf16", "int8"]
@@ -153,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                    "max_tokens_per_batch": cap, "seed": args.seed},
         "results": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "precision.json").write_text(json.dumps(report, indent=2) + "\n")
-    markdown = render(report)
-    (args.out / "precision.md").write_text(markdown)
-    print(markdown)
+    write_report(args.out, "precision", report, render(report))
     return 0
 
 

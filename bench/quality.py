@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from report import command_line, machine, utc_now
+from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS_DIR = REPO / "configs" / "methods"
@@ -280,19 +280,17 @@ def combine(paths: list[Path], name: str) -> dict:
             "aggregate": aggregate(runs), "minutes": sum(r["minutes"] for r in reports)}
 
 
-def write_report(report: dict, out: Path) -> None:
+def save(report: dict, out: Path) -> None:
+    """Plots, then the JSON and markdown of a report."""
     report["plots"] = plot(report, out)
-    # not with_suffix: a name like "tune-t0.05" would lose its ".05"
-    (out / f"{report['name']}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{report['name']}.md").write_text(render_markdown(report))
-    print(render_markdown(report))
+    write_report(out, report["name"], report, render_markdown(report))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.combine:
         args.out.mkdir(parents=True, exist_ok=True)
-        write_report(combine(args.combine, args.name or f"quality-{args.profile}"), args.out)
+        save(combine(args.combine, args.name or f"quality-{args.profile}"), args.out)
         return 0
     seeds = args.seeds or PROFILES[args.profile]["seeds"]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -324,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         "aggregate": aggregate(runs), "runs": runs,
         "minutes": (time.monotonic() - started) / 60,
     }
-    write_report(report, args.out)
+    save(report, args.out)
     return 0
 
 

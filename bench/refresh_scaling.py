@@ -41,7 +41,7 @@ from ance_train.common.model import load_tokenizer
 from ance_train.common.refresh import eval_key
 from ance_train.launcher import EmbeddedRun
 
-from report import command_line, machine, utc_now
+from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -256,11 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         "docs_per_s_per_replica"]
     report["doc_tokens"] = doc_tokens
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "refresh_scaling.json").write_text(json.dumps(report, indent=2) + "\n")
-    markdown = render(report)
     image = plot(report, args.out)
-    (args.out / "refresh_scaling.md").write_text(markdown + f"\n![refresh period]({image})\n")
-    print(markdown)
+    write_report(args.out, "refresh_scaling", report,
+                 render(report) + f"\n![refresh period]({image})\n")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -36,3 +37,11 @@ def machine(device: str = "cpu") -> dict:
     return {"platform": platform.platform(), "cpu": cpu_model(), "cores": os.cpu_count(),
             "gpu": gpu, "device": device, "torch": torch.__version__,
             "transformers": transformers.__version__}
+
+
+def write_report(out: Path, name: str, report: dict, markdown: str) -> None:
+    """``<name>.json`` and ``<name>.md`` into ``out``, and the markdown on stdout."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / f"{name}.md").write_text(markdown)
+    print(markdown)

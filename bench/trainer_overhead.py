@@ -28,7 +28,6 @@ Writes ``trainer_overhead.json`` / ``trainer_overhead.md`` into ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -53,7 +52,7 @@ from ance_train.common.storage import LocalStore
 from ance_train.trainer.loss import contrastive_nll
 from ance_train.trainer.trainer import Trainer
 
-from report import command_line, machine, utc_now
+from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -417,11 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                     "swaps": [run["swaps"] for run in runs]},
         },
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "trainer_overhead.json").write_text(json.dumps(report, indent=2) + "\n")
-    markdown = render(report)
-    (args.out / "trainer_overhead.md").write_text(markdown)
-    print(markdown)
+    write_report(args.out, "trainer_overhead", report, render(report))
     return 0
 
 
