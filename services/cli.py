@@ -7,11 +7,14 @@ import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:  # the CLI imports the heavy modules lazily, per command
+    from .common.data import DatasetIndex
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train dense retrievers with asynchronously refreshed ANN negatives.")
@@ -164,11 +167,16 @@ def prepare(
     except (DataError, StorageError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
+    console.print(f"published the dataset index of run {cfg.run_id} to {store!r}: "
+                  f"{_describe_dataset(index)}")
+
+
+def _describe_dataset(index: DatasetIndex) -> str:
+    """Print the dataset's warnings; return its counts for the command's own message."""
     for warning in index.warnings:
         err.print(f"[yellow]warning:[/] {warning}")
-    console.print(f"published the dataset index of run {cfg.run_id} to {store!r}: "
-                  f"{index.num_docs} docs, {len(index.train)} train / {len(index.dev)} dev / "
-                  f"{len(index.test)} test queries")
+    return (f"{index.num_docs} docs, {len(index.train)} train / {len(index.dev)} dev / "
+            f"{len(index.test)} test queries")
 
 
 @app.command()
@@ -187,10 +195,7 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")]) -> None:
     except (DataError, ModelLoadError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
-    for warning in index.warnings:
-        err.print(f"[yellow]warning:[/] {warning}")
-    console.print(f"ok: {index.num_docs} docs, {len(index.train)} train / {len(index.dev)} dev / "
-                  f"{len(index.test)} test queries")
+    console.print(f"ok: {_describe_dataset(index)}")
 
 
 @app.command()
