@@ -83,6 +83,14 @@ def wait_until(predicate, timeout_s: float, message: str, interval_s: float = 0.
     raise AssertionError(f"timed out after {timeout_s}s: {message}")
 
 
+def wait_registered(harness: Harness, bus, process: subprocess.Popen, role: str,
+                    instance: str, timeout_s: float = 120.0) -> None:
+    """Until the service registers itself in Redis; fails at once, with its log, if it exits."""
+    wait_until(lambda: f"{role}:{instance}" in bus.services() or process.poll() is not None,
+               timeout_s, f"{role} {instance} registered")
+    assert process.poll() is None, harness.log(instance)
+
+
 def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
     if process.poll() is None:
         process.terminate()

@@ -19,7 +19,7 @@ from ance_train.common import events
 from ance_train.common.credentials import redact_url
 from ance_train.common.redis_server import RedisServer
 
-from service_harness import Harness, stop, wait_until
+from service_harness import Harness, stop, wait_registered
 
 S3_SECRET = "s3-secret-2b7d90aa41"
 CREDENTIALS = ("ANCE_REDIS_PASSWORD", "ANCE_S3_ENDPOINT", "ANCE_S3_ACCESS_KEY",
@@ -134,9 +134,7 @@ def test_service_authenticates_with_the_password_and_logs_no_secret(
     bus = events.EventBus(events.connect(published.redis_url, password),
                           published.config.run_id)
     try:
-        wait_until(lambda: "inferencer:inf-auth" in bus.services() or process.poll() is not None,
-                   120, "inferencer registered")
-        assert process.poll() is None, published.log("inf-auth")
+        wait_registered(published, bus, process, "inferencer", "inf-auth")
         for given, code in ((password, 0), ("wrong-password-91", 1)):  # the CLI's client too
             status = subprocess.run(
                 [sys.executable, "-m", "ance_train.cli", "status", "--json", "--redis-url",
@@ -164,9 +162,7 @@ def test_password_in_the_url_is_redacted_in_the_log(published: Harness,
     bus = events.EventBus(events.connect(published.redis_url, password),
                           published.config.run_id)
     try:
-        wait_until(lambda: "inferencer:inf-url" in bus.services() or process.poll() is not None,
-                   120, "inferencer registered")
-        assert process.poll() is None, published.log("inf-url")
+        wait_registered(published, bus, process, "inferencer", "inf-url")
     finally:
         stop(process)
     log = published.log("inf-url")

@@ -15,7 +15,7 @@ from ance_train.common.redis_server import RedisServer
 from ance_train.common.runtime import DATASET_INDEX_FILE, DATASET_INDEX_KEY, DOC_OFFSETS_KEY
 
 from helpers import write_config
-from service_harness import Harness, stop, wait_until
+from service_harness import Harness, stop, wait_registered, wait_until
 
 
 def make_harness(root: Path, run_id: str, redis: RedisServer, s3_env: dict[str, str],
@@ -70,9 +70,7 @@ def test_service_started_first_waits_for_prepare_then_proceeds(
         assert bus.services() == {}  # not serving without the dataset index
         result = prepare(harness)
         assert result.returncode == 0, result.stderr
-        wait_until(lambda: "inferencer:inf-early" in bus.services() or process.poll() is not None,
-                   120, "the inferencer proceeds once the index is published")
-        assert process.poll() is None, harness.log("inf-early")
+        wait_registered(harness, bus, process, "inferencer", "inf-early")  # it proceeds
     finally:
         stop(process)
     log = harness.log("inf-early")
