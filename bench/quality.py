@@ -145,6 +145,9 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
         stored = json.loads((store / f"{evaluation['step']}.json").read_text())
         refreshes.append({"step": evaluation["step"], "metrics": evaluation["metrics"],
                           "diagnostics": stored.get("diagnostics", {})})
+    if not refreshes or refreshes[0]["step"] != 0:
+        raise RuntimeError(f"{method} (seed {seed}): no evaluation of checkpoint 0 in "
+                           f"{run_dir / 'summary.json'}; the zero-shot reference is missing")
     best = max(refreshes, key=lambda r: (r["metrics"]["dev"]["ndcg@10"], -r["step"]))
     trainer = summary["trainer"]
     return {"method": method, "seed": seed, "minutes": (time.monotonic() - started) / 60,
@@ -308,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"dev nDCG@10 {run['dev']['ndcg@10']:.4f} "
                       f"test nDCG@10 {run['test']['ndcg@10']:.4f} ({run['minutes']:.1f} min)",
                       flush=True)
-    zero_shot = runs[0]["refreshes"][0]["metrics"]
+    zero_shot = next(r["metrics"] for r in runs[0]["refreshes"] if r["step"] == 0)
     report = {
         "command": command_line(), "date": utc_now(), "machine": machine(),
         "profile": args.profile, "name": args.name or f"quality-{args.profile}",

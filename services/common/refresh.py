@@ -16,6 +16,9 @@ from .data import DatasetIndex, shard_ranges
 
 CORPUS = "corpus"
 QUERIES = "queries"
+# Checkpoint 0 is the untrained encoder: its refresh is the zero-shot reference every run is
+# compared against and the first ANN negatives, so no newer checkpoint ever supersedes it.
+ZERO_SHOT_STEP = 0
 
 
 def checkpoint_prefix(step: int) -> str:

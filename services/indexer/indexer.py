@@ -3,7 +3,9 @@ evaluates, and serves Search over the latest index.
 
 A checkpoint is complete when every shard of its refresh plan is in the store. The indexer
 always builds the newest complete checkpoint; if a newer one completes while an older one is
-being processed, the older one is abandoned (superseded). Shard events are idempotent: the
+being processed, the older one is abandoned (superseded). Checkpoint 0, the zero-shot
+reference, is the exception: while it is planned and not built, it is built first and never
+abandoned, however fast the trainer publishes newer checkpoints. Shard events are idempotent: the
 set of shards received is derived from the store, so duplicates and late shards of an old
 checkpoint change nothing. A shard that fails its sha256 check is never indexed: it is deleted
 and queued to be encoded again, and the checkpoint waits for it.
@@ -24,6 +26,7 @@ from ance_train.common.negatives import NegativesTable
 from ance_train.common.refresh import (
     CORPUS,
     QUERIES,
+    ZERO_SHOT_STEP,
     RefreshPlan,
     embedding_key,
     eval_key,
@@ -117,6 +120,11 @@ class Indexer:
         self._last_poll = time.monotonic()
 
     def newest_complete(self) -> int | None:
+        """The checkpoint to build next: checkpoint 0 first, then the newest complete one."""
+        if ZERO_SHOT_STEP in self.plans and self.last_built < ZERO_SHOT_STEP:
+            zero_shot = self.plans[ZERO_SHOT_STEP]
+            done = zero_shot.expected_keys() <= self.received.get(ZERO_SHOT_STEP, set())
+            return ZERO_SHOT_STEP if done else None
         complete = [step for step, plan in self.plans.items()
                     if step > self.last_built
                     and plan.expected_keys() <= self.received.get(step, set())]
@@ -152,8 +160,10 @@ class Indexer:
     def _superseded(self, step: int) -> bool:
         if time.monotonic() - self._last_poll > 1.0:
             self.poll(block_ms=0)
+        if self.ctx.stop.is_set():
+            return True
         newest = self.newest_complete()
-        return self.ctx.stop.is_set() or (newest is not None and newest > step)
+        return step != ZERO_SHOT_STEP and newest is not None and newest > step
 
     def publish_bm25_negatives(self) -> None:
         ctx = self.ctx

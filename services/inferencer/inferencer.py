@@ -8,7 +8,8 @@ Supersession: an item is encoded only if its checkpoint is the latest published 
 refresh already under way (the highest step any replica has started). Items of checkpoints
 that were overtaken before their refresh began are acknowledged and skipped, so replicas
 always move to the newest checkpoint without abandoning a refresh half-way (ANCE §4: the
-Inferencer takes the most recent checkpoint when it starts a refresh).
+Inferencer takes the most recent checkpoint when it starts a refresh). The one exception is
+checkpoint 0, the zero-shot reference, which is always encoded.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from ance_train.common import events
 from ance_train.common.checkpoint_cache import ModelCache
 from ance_train.common.encoding import encode_texts, prepare_model, resolve_precision
-from ance_train.common.refresh import CORPUS, query_order
+from ance_train.common.refresh import CORPUS, ZERO_SHOT_STEP, query_order
 from ance_train.common.runtime import ServiceContext
 from ance_train.common.storage import StorageError
 from ance_train.common.telemetry import InferencerTelemetry
@@ -100,7 +101,7 @@ class Inferencer:
     def _should_encode(self, item: events.WorkItem) -> bool:
         latest = self.ctx.bus.latest_checkpoint()
         under_way = int(self.ctx.redis.get(self.ctx.bus.key("refresh_under_way")) or -1)
-        if item.step not in (latest, under_way):
+        if item.step not in (latest, under_way, ZERO_SHOT_STEP):
             return False
         self._raise_marker(keys=[self.ctx.bus.key("refresh_under_way")], args=[item.step])
         return True

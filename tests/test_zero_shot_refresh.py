@@ -1,0 +1,60 @@
+"""Checkpoint 0 (the zero-shot reference) is refreshed even when newer checkpoints overtake it.
+
+With in-batch negatives the trainer never waits for an index, so a fast trainer can publish
+checkpoints 0, 3 and 6 before any inferencer or indexer has started. The test produces that
+order on purpose: the trainer process runs alone until it has published its last checkpoint,
+then one inferencer and the indexer start. Checkpoint 0 must still be encoded, indexed and
+evaluated (every run's zero-shot row comes from it), and it must be the first refresh built;
+the checkpoint in between (3) must still be skipped, as any overtaken checkpoint is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from ance_train.common import events
+
+from service_harness import Harness, stop, wait_until
+
+
+def _steps(bus: events.EventBus, event_type: str) -> list[int]:
+    return [e.step for e in bus.history(event_type) if e.step >= 0]
+
+
+def test_checkpoint_zero_is_refreshed_after_being_overtaken(tmp_path: Path, redis_server,
+                                                            tiny_model, scifact_subset) -> None:
+    harness = Harness.prepare(
+        tmp_path, redis_server.url, run_id="zero-shot",
+        data={"path": str(scifact_subset), "dev_fraction": 0.2},
+        model={"path": str(tiny_model), "max_query_length": 16, "max_doc_length": 32},
+        training={"steps": 6, "batch_size": 8, "refresh_every": 3, "torch_threads": 1},
+        negatives={"pool": "in_batch", "warmup": "none"},
+        inference={"shard_size": 100, "claim_timeout_s": 30, "torch_threads": 1},
+        index={"eval_depth": 100},
+    )
+    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    processes = {"trainer": harness.spawn("trainer", "trainer")}
+    try:
+        wait_until(lambda: 6 in _steps(bus, events.CHECKPOINT_PUBLISHED), 300,
+                   "the trainer never published its last checkpoint")
+        assert _steps(bus, events.CHECKPOINT_PUBLISHED) == [0, 3, 6]
+        assert _steps(bus, events.SHARD_ENCODED) == []  # nothing ran before the trainer finished
+        processes["inferencer"] = harness.spawn("inferencer", "inferencer")
+        processes["indexer"] = harness.spawn("indexer", "indexer")
+        wait_until(lambda: 6 in _steps(bus, events.EVAL_COMPLETED), 300,
+                   "the last checkpoint was never indexed")
+        for name, process in processes.items():
+            assert process.poll() is None or name == "trainer", harness.log(name)
+        refreshed = _steps(bus, events.EVAL_COMPLETED)
+        encoded = Counter(_steps(bus, events.SHARD_ENCODED))
+        evaluated = {int(key.rsplit("/", 1)[-1].removesuffix(".json"))
+                     for key in harness.store.list("eval")}
+    finally:
+        for process in processes.values():
+            stop(process)
+
+    assert refreshed == [0, 6], refreshed
+    assert 0 in evaluated and 6 in evaluated
+    assert 3 not in encoded, f"overtaken checkpoint 3 was encoded: {encoded}"
+    assert encoded[0] == encoded[6] > 0
