@@ -212,17 +212,19 @@ def render_markdown(report: dict) -> str:
              f"Machine: {report['machine']['cpu']} — {report['machine']['cores']} cores, "
              f"GPU: {report['machine']['gpu'] or 'none'}, torch {report['machine']['torch']}; "
              f"{report['date']}; {report['minutes']:.1f} min in all", "",
-             f"Budget per method: {json.dumps(report['budget'])}; seeds {report['seeds']}. "
-             "Checkpoints selected on dev nDCG@10; test reported for the selected one.", "",
-             "| method | selected checkpoint(s) | dev nDCG@10 | test nDCG@10 | test MRR@10 | "
-             "test R@100 |", "|---|---|---:|---:|---:|---:|"]
+             f"Budget per method: {json.dumps(report['budget'])}. Checkpoints selected on dev "
+             "nDCG@10; test reported for the selected one (mean ± sample std over seeds).", "",
+             "| method | seeds | selected checkpoint(s) | dev nDCG@10 | test nDCG@10 | "
+             "test MRR@10 | test R@100 |", "|---|---|---|---:|---:|---:|---:|"]
     for name, ref in report["references"].items():
-        lines.append(f"| {name} (reference) | – | {ref['dev']['ndcg@10']:.4f} | "
+        lines.append(f"| {name} (reference) | – | – | {ref['dev']['ndcg@10']:.4f} | "
                      f"{ref['test']['ndcg@10']:.4f} | {ref['test']['mrr@10']:.4f} | "
                      f"{ref['test']['recall@100']:.4f} |")
     for method, stats in report["aggregate"].items():
-        steps = [str(r["selected_step"]) for r in report["runs"] if r["method"] == method]
-        lines.append(f"| {method} | {', '.join(steps)} | {cell(stats['dev']['ndcg@10'])} | "
+        runs = [r for r in report["runs"] if r["method"] == method]
+        seeds = ", ".join(str(r["seed"]) for r in runs)
+        steps = ", ".join(str(r["selected_step"]) for r in runs)
+        lines.append(f"| {method} | {seeds} | {steps} | {cell(stats['dev']['ndcg@10'])} | "
                      f"{cell(stats['test']['ndcg@10'])} | {cell(stats['test']['mrr@10'])} | "
                      f"{cell(stats['test']['recall@100'])} |")
     lines += ["", "Plots: " + ", ".join(f"`{p}`" for p in report["plots"]), ""]
@@ -267,20 +269,50 @@ def plot(report: dict, out: Path) -> list[str]:
     return names
 
 
+def _comparable(report: dict, key: str) -> object:
+    """``report[key]``, without the seed (older reports kept the first seed in the budget)."""
+    value = report.get(key)
+    if key == "budget":
+        value = {**value, "training": {k: v for k, v in value["training"].items()
+                                       if k != "seed"}}
+    return value
+
+
 def combine(paths: list[Path], name: str) -> dict:
-    """One report from several invocations of the same profile and budget."""
+    """One report from several invocations of the same profile and budget.
+
+    Parts may hold different methods (the cpu profile runs four per invocation) or more seeds
+    of methods already run; a (method, seed) pair may appear only once.
+    """
     reports = [json.loads(path.read_text()) for path in paths]
     first = reports[0]
     for path, other in zip(paths[1:], reports[1:], strict=True):
-        for key in ("profile", "budget", "seeds", "overrides"):
-            if other.get(key) != first.get(key):
+        for key in ("profile", "budget", "overrides"):
+            if _comparable(other, key) != _comparable(first, key):
                 raise SystemExit(f"{path}: {key} differs from {paths[0]}; not comparable")
-    runs = [run for report in reports for run in report["runs"]]
+    seen: dict[tuple[str, int], Path] = {}
+    for path, report in zip(paths, reports, strict=True):
+        for run in report["runs"]:
+            pair = (run["method"], run["seed"])
+            if pair in seen:
+                raise SystemExit(f"{path}: {run['method']} seed {run['seed']} is also in "
+                                 f"{seen[pair]}; each method and seed may be merged once")
+            seen[pair] = path
+    order = list(dict.fromkeys(run["method"] for report in reports for run in report["runs"]))
+    runs = sorted((run for report in reports for run in report["runs"]),
+                  key=lambda run: (order.index(run["method"]), run["seed"]))
     return {**first, "name": name, "command": " && ".join(r["command"] for r in reports),
             "parts": [{"file": str(p), "date": r["date"], "minutes": r["minutes"],
-                       "methods": r["methods"]} for p, r in zip(paths, reports, strict=True)],
-            "methods": [run["method"] for run in runs], "runs": runs,
+                       "methods": r["methods"], "seeds": r["seeds"]}
+                      for p, r in zip(paths, reports, strict=True)],
+            "seeds": sorted({run["seed"] for run in runs}), "methods": order, "runs": runs,
             "aggregate": aggregate(runs), "minutes": sum(r["minutes"] for r in reports)}
+
+
+def budget(config: dict) -> dict:
+    """What every method and seed shares: the training, model and inference settings."""
+    return {"training": {k: v for k, v in config["training"].items() if k != "seed"},
+            "model": config["model"], "inference": config["inference"]}
 
 
 def save(report: dict, out: Path) -> None:
@@ -316,8 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command_line(), "date": utc_now(), "machine": machine(),
         "profile": args.profile, "name": args.name or f"quality-{args.profile}",
         "overrides": args.overrides, "seeds": seeds, "methods": args.methods,
-        "budget": {key: method_config(args.methods[0], seeds[0], args, Path("runs"))[key]
-                   for key in ("training", "model", "inference")},
+        "budget": budget(method_config(args.methods[0], seeds[0], args, Path("runs"))),
         "references": {
             "BM25 (bm25s k1=0.9 b=0.4)": bm25_reference(args),
             "zero-shot (no training)": {"dev": zero_shot["dev"], "test": zero_shot["test"]},

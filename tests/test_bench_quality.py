@@ -11,26 +11,37 @@ from helpers import REPO
 
 
 def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny_model) -> None:
-    """Two invocations (as the cpu profile is run: a few methods each) merged by --combine."""
+    """Three invocations merged by --combine, as the cpu profile is run: a few methods each,
+    then more seeds of some methods."""
     out = tmp_path / "out"
     common = [sys.executable, str(REPO / "bench" / "quality.py"), "--profile", "cpu",
-              "--seeds", "7", "--data", str(scifact_subset), "--model", str(tiny_model),
+              "--data", str(scifact_subset), "--model", str(tiny_model),
               "--steps", "6", "--refresh-every", "3", "--max-doc-length", "32",
               "--set", "training.learning_rate=3e-5", "--runs-dir", str(tmp_path / "runs"),
               "--out", str(out)]
-    for method in ("in-batch", "ance"):
-        result = subprocess.run([*common, "--methods", method, "--name", f"part-{method}.v1"],
+    parts = [("in-batch", "7"), ("ance", "7"), ("in-batch", "8")]
+    for method, seed in parts:
+        result = subprocess.run([*common, "--methods", method, "--seeds", seed, "--name",
+                                 f"part-{method}-{seed}.v1"],
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "quality.py"), "--profile", "cpu", "--out",
-         str(out), "--combine", str(out / "part-in-batch.v1.json"), str(out / "part-ance.v1.json")],
-        capture_output=True, text=True, timeout=120)
+    combine = [sys.executable, str(REPO / "bench" / "quality.py"), "--profile", "cpu", "--out",
+               str(out), "--combine"]
+    files = [str(out / f"part-{method}-{seed}.v1.json") for method, seed in parts]
+    twice = subprocess.run([*combine, files[0], files[2], files[0]], capture_output=True,
+                           text=True, timeout=120)
+    assert twice.returncode != 0 and "in-batch seed 7 is also in" in twice.stderr
+    assert not (out / "quality-cpu.json").exists()
+    result = subprocess.run([*combine, *files], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "quality-cpu.json").read_text())
-    assert report["methods"] == ["in-batch", "ance"] and report["seeds"] == [7]
-    assert set(report["aggregate"]) == {"in-batch", "ance"}
-    assert [part["methods"] for part in report["parts"]] == [["in-batch"], ["ance"]]
+    assert report["methods"] == ["in-batch", "ance"] and report["seeds"] == [7, 8]
+    assert {m: s["test"]["ndcg@10"]["n"] for m, s in report["aggregate"].items()} == \
+        {"in-batch": 2, "ance": 1}
+    in_batch = [r["test"]["ndcg@10"] for r in report["runs"] if r["method"] == "in-batch"]
+    assert abs(report["aggregate"]["in-batch"]["test"]["ndcg@10"]["mean"]
+               - sum(in_batch) / 2) < 1e-12
+    assert [part["methods"] for part in report["parts"]] == [["in-batch"], ["ance"], ["in-batch"]]
     assert report["overrides"] == ["training.learning_rate=3e-5"]
     bm25 = report["references"]["BM25 (bm25s k1=0.9 b=0.4)"]
     zero_shot = report["references"]["zero-shot (no training)"]
@@ -44,13 +55,15 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
         assert run["dev"]["ndcg@10"] == best_dev, "selection must be on dev"
         selected = next(r for r in run["refreshes"] if r["step"] == run["selected_step"])
         assert run["test"] == selected["metrics"]["test"]
-        assert run["config"]["training"]["seed"] == 7
+        assert run["config"]["training"]["seed"] == run["seed"]
         assert run["config"]["training"]["learning_rate"] == 3e-5
         assert run["refreshes"][0]["metrics"] == report["runs"][0]["refreshes"][0]["metrics"], \
             "checkpoint 0 is the same pretrained model for every method"
-    assert [r["method"] for r in report["runs"]] == ["in-batch", "ance"]
+    assert [(r["method"], r["seed"]) for r in report["runs"]] == \
+        [("in-batch", 7), ("in-batch", 8), ("ance", 7)]
     markdown = (out / "quality-cpu.md").read_text()
-    assert "| ance |" in markdown and "| in-batch |" in markdown and "reference" in markdown
+    assert "| ance | 7 |" in markdown and "| in-batch | 7, 8 |" in markdown
+    assert "reference" in markdown and " ± " in markdown
     assert report["command"] in markdown
     for plot in report["plots"]:
         data = (out / plot).read_bytes()
