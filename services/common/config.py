@@ -153,6 +153,11 @@ class InferenceConfig(_Strict):
     claim_timeout_s: float = Field(
         60.0, gt=0.0, description="An item not heart-beaten for this long is reclaimed."
     )
+    max_attempts: int = Field(
+        3, ge=1,
+        description="Deliveries of an item whose checkpoint is corrupt or missing in the store "
+                    "before it is given up (shard.failed) and that checkpoint abandoned.",
+    )
     torch_threads: int | None = Field(None, ge=1)
     precision: Literal["auto", "fp32", "bf16", "int8"] = Field(
         "auto",

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_PUBLISHED = "checkpoint.published"
 SHARD_ENCODED = "shard.encoded"
+# An item given up on: its checkpoint cannot be read (corrupt or missing) after
+# inference.max_attempts deliveries. The checkpoint is abandoned; later ones go on.
+SHARD_FAILED = "shard.failed"
 NEGATIVES_READY = "negatives.ready"
 EVAL_COMPLETED = "eval.completed"
 WORK_QUEUE = "work"

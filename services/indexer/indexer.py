@@ -5,10 +5,14 @@ A checkpoint is complete when every shard of its refresh plan is in the store. T
 always builds the newest complete checkpoint; if a newer one completes while an older one is
 being processed, the older one is abandoned (superseded). Checkpoint 0, the zero-shot
 reference, is the exception: while it is planned and not built, it is built first and never
-abandoned, however fast the trainer publishes newer checkpoints. Shard events are idempotent: the
-set of shards received is derived from the store, so duplicates and late shards of an old
-checkpoint change nothing. A shard that fails its sha256 check is never indexed: it is deleted
-and queued to be encoded again, and the checkpoint waits for it.
+abandoned, however fast the trainer publishes newer checkpoints. A checkpoint with a
+``shard.failed`` item (its weights cannot be read) is abandoned, checkpoint 0 included: its
+plan is dropped, so newer checkpoints are built instead of waiting for it forever.
+
+Shard events are idempotent: the set of shards received is derived from the store, so
+duplicates and late shards of an old checkpoint change nothing. A shard that fails its sha256
+check is never indexed: it is deleted and queued to be encoded again, and the checkpoint
+waits for it.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class Indexer:
         self.received: dict[int, set[str]] = {}
         self.published_at: dict[int, float] = {}  # Redis server time of checkpoint.published
         self.last_built = -1
+        self.abandoned: set[int] = set()  # checkpoints with a shard.failed item
         self.query_ids = query_order(ctx.dataset)
         self.query_row = {q: i for i, q in enumerate(self.query_ids)}
         self.train_ids = sorted(ctx.dataset.train)
@@ -95,23 +100,42 @@ class Indexer:
                 latest.payload["key"]))
         for event in bus.history(events.CHECKPOINT_PUBLISHED):
             self._add_plan(event)
+        for event in bus.history(events.SHARD_FAILED):
+            self._abandon(event)
         self.ctx.log.info("recovered: last built checkpoint %d, pending %s", self.last_built,
                           sorted(self.plans))
 
     def _add_plan(self, event: events.Event) -> None:
         step = event.step
-        if step in self.plans or step <= self.last_built:  # a duplicate or stale event
-            return
+        if step in self.plans or step <= self.last_built or step in self.abandoned:
+            return  # a duplicate or stale event
         self.published_at[step] = events.entry_seconds(event.entry_id)
         self.plans[step] = RefreshPlan.from_payload(step, event.payload)
         # Shards already in the store count (an indexer restarted mid-refresh loses nothing).
         self.received[step] = set(self.ctx.store.list(f"embeddings/{step}"))
+
+    def _abandon(self, event: events.Event) -> None:
+        """Drop the plan of a checkpoint that can never be complete (see ``shard.failed``)."""
+        step = event.step
+        plan = self.plans.get(step)
+        if step <= self.last_built or step in self.abandoned or (
+                plan is not None and plan.expected_keys() <= self.received.get(step, set())):
+            return  # built, already abandoned, or complete after all (another replica's copy)
+        self.abandoned.add(step)
+        for table in (self.plans, self.received, self.published_at):
+            table.pop(step, None)
+        self.ctx.log.error("checkpoint %d abandoned: %s was given up after %s attempts: %s",
+                           step, event.payload.get("key"), event.payload.get("attempt"),
+                           event.payload.get("error"))
 
     def poll(self, block_ms: int) -> None:
         bus = self.ctx.bus
         for event in bus.consume(events.CHECKPOINT_PUBLISHED, self.GROUP, "indexer", block_ms=0):
             self._add_plan(event)
             bus.ack(events.CHECKPOINT_PUBLISHED, self.GROUP, event.entry_id)
+        for event in bus.consume(events.SHARD_FAILED, self.GROUP, "indexer", block_ms=0):
+            self._abandon(event)
+            bus.ack(events.SHARD_FAILED, self.GROUP, event.entry_id)
         for event in bus.consume(events.SHARD_ENCODED, self.GROUP, "indexer", block_ms=block_ms,
                                  count=256):
             if event.step > self.last_built:

@@ -10,6 +10,11 @@ that were overtaken before their refresh began are acknowledged and skipped, so 
 always move to the newest checkpoint without abandoning a refresh half-way (ANCE §4: the
 Inferencer takes the most recent checkpoint when it starts a refresh). The one exception is
 checkpoint 0, the zero-shot reference, which is always encoded.
+
+Poison items: an item whose checkpoint is corrupt or missing in the store is left for
+redelivery (another replica may read it fine) until its ``inference.max_attempts``-th
+delivery, then given up: ``shard.failed`` names the object and the error, the item is
+acknowledged, and the indexer abandons that checkpoint instead of waiting for it forever.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ import torch
 from ance_train.common import events
 from ance_train.common.checkpoint_cache import ModelCache
 from ance_train.common.encoding import encode_texts, prepare_model, resolve_precision
-from ance_train.common.refresh import CORPUS, ZERO_SHOT_STEP, query_order
+from ance_train.common.refresh import CORPUS, ZERO_SHOT_STEP, embedding_key, query_order
 from ance_train.common.runtime import ServiceContext
-from ance_train.common.storage import StorageError
+from ance_train.common.storage import CorruptObject, ObjectNotFound, StorageError
 from ance_train.common.telemetry import InferencerTelemetry
 
 from .uploader import EncodedShard, ShardUploader
@@ -96,7 +101,22 @@ class Inferencer:
             self.ctx.log.info("skipping %s of superseded checkpoint %d", item.name, item.step)
             self.queue.done(item)
             return
-        self._encode(item, consumer)
+        try:
+            self._encode(item, consumer)
+        except (CorruptObject, ObjectNotFound) as error:  # the checkpoint cannot be read
+            if item.attempt < self.ctx.config.inference.max_attempts:
+                raise  # left for redelivery
+            self._give_up(item, consumer, error)
+
+    def _give_up(self, item: events.WorkItem, consumer: str, error: StorageError) -> None:
+        """Announce the item as failed, then acknowledge it (a crash in between only repeats
+        the announcement, which the indexer treats idempotently)."""
+        self.ctx.log.error("giving up %s of checkpoint %d after %d attempts: %s", item.name,
+                           item.step, item.attempt, error)
+        self.ctx.bus.publish(events.SHARD_FAILED, item.step, kind=item.kind, shard=item.shard,
+                             key=embedding_key(item.step, item.kind, item.shard),
+                             instance=consumer, attempt=item.attempt, error=str(error))
+        self.queue.done(item)
 
     def _should_encode(self, item: events.WorkItem) -> bool:
         latest = self.ctx.bus.latest_checkpoint()

@@ -123,6 +123,11 @@ class Trainer:
         self.in_use_step = state.negatives.in_use
         return state
 
+    def _abandoned(self) -> events.Event | None:
+        """The ``shard.failed`` of the checkpoint the first negatives must come from, if any."""
+        return next((event for event in self.ctx.bus.history(events.SHARD_FAILED)
+                     if event.step == self.step), None)
+
     def run(self) -> TrainingRecord:
         ctx, cfg = self.ctx, self.cfg
         self.telemetry.started()
@@ -137,8 +142,15 @@ class Trainer:
         if self.picker.needs_wait():
             ctx.state.update(phase="waiting for first negatives")
             started = time.monotonic()
-            self.feed.wait_until(self.picker.ready)
+            self.feed.wait_until(lambda: self.picker.ready() or self._abandoned() is not None)
             self.record.wait_before_first_s += time.monotonic() - started
+            abandoned = self._abandoned()
+            if not self.picker.ready() and abandoned is not None:
+                raise RuntimeError(
+                    f"no first negatives: checkpoint {self.step} was abandoned because "
+                    f"{abandoned.payload.get('key')} could not be encoded "
+                    f"({abandoned.payload.get('error')}); with negatives.pool "
+                    f"{cfg.negatives.pool} and no BM25 warm-up there is nothing to train on")
         if self._resume_state is not None:
             restore_rng(self._resume_state.rng)  # last: nothing may draw before the loop
         self.first_step = self.step + 1
