@@ -157,16 +157,15 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
             "config": config}
 
 
-def bm25_reference(args: argparse.Namespace) -> dict:
-    """bm25s with BEIR's k1=0.9, b=0.4 on the same dev slice and the test split."""
+def bm25_runs(data: Path) -> tuple[dict, dict]:
+    """bm25s with BEIR's k1=0.9, b=0.4: the top-1000 run and the qrels of dev and test."""
     import bm25s
 
     from ance_train.common.config import DataConfig
     from ance_train.common.data import Corpus, DatasetFiles, validate_dataset
-    from ance_train.common.evaluation import evaluate
 
     method_data = yaml.safe_load((METHODS_DIR / "ance.yaml").read_text())["data"]
-    cfg = DataConfig(**{**method_data, "path": str(args.data.resolve())})
+    cfg = DataConfig(**{**method_data, "path": str(data.resolve())})
     with tempfile.TemporaryDirectory() as cache:
         dataset = validate_dataset(cfg, Path(cache), seed=cfg.split_seed)
         corpus = Corpus(DatasetFiles.resolve(cfg), Path(cache) / "doc_offsets.npy", cfg.format)
@@ -174,18 +173,26 @@ def bm25_reference(args: argparse.Namespace) -> dict:
     retriever = bm25s.BM25(k1=0.9, b=0.4)
     retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
                     show_progress=False)
-    results = {}
+    runs, qrels = {}, {}
     for split in ("dev", "test"):
-        qrels = getattr(dataset, split)
-        qids = sorted(qrels)
+        split_qrels = getattr(dataset, split)
+        qids = sorted(split_qrels)
         tokens = bm25s.tokenize([dataset.queries[q] for q in qids], stopwords="en",
                                 show_progress=False)
         ranked, scores = retriever.retrieve(tokens, k=min(1000, len(texts)), show_progress=False)
-        run = {q: {str(int(d)): float(s) for d, s in zip(r, sc, strict=True)}
-               for q, r, sc in zip(qids, ranked, scores, strict=True)}
-        results[split] = evaluate(run, {q: {str(d): rel for d, rel in rels.items()}
-                                        for q, rels in qrels.items()})
-    return results
+        runs[split] = {q: {str(int(d)): float(s) for d, s in zip(r, sc, strict=True)}
+                       for q, r, sc in zip(qids, ranked, scores, strict=True)}
+        qrels[split] = {q: {str(d): rel for d, rel in rels.items()}
+                        for q, rels in split_qrels.items()}
+    return runs, qrels
+
+
+def bm25_reference(args: argparse.Namespace) -> dict:
+    """BM25's metrics on the same dev slice and the test split."""
+    from ance_train.common.evaluation import evaluate
+
+    runs, qrels = bm25_runs(args.data)
+    return {split: evaluate(runs[split], qrels[split]) for split in runs}
 
 
 def mean_std(values: list[float]) -> dict:

@@ -68,3 +68,32 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     for plot in report["plots"]:
         data = (out / plot).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+    # Paired significance over test queries, rebuilt from the embeddings the runs kept.
+    significance = [sys.executable, str(REPO / "bench" / "significance.py"), "--data",
+                    str(scifact_subset), "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]
+    result = subprocess.run([*significance, str(out / "quality-cpu.json")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sig = json.loads((out / "quality-cpu-significance.json").read_text())
+    assert sig["seeds"] == {"in-batch": [7, 8], "ance": [7]}
+    assert abs(sig["mean_ndcg@10"]["ance"] - report["aggregate"]["ance"]["test"]["ndcg@10"]
+               ["mean"]) < 1e-4
+    assert abs(sig["mean_ndcg@10"]["zero-shot"] - zero_shot["test"]["ndcg@10"]) < 1e-4
+    assert abs(sig["mean_ndcg@10"]["BM25"] - bm25["test"]["ndcg@10"]) < 1e-9
+    assert [(c["method"], c["versus"]) for c in sig["comparisons"]] == \
+        [("ance", "in-batch"), ("ance", "zero-shot"), ("ance", "BM25")]
+    for row in sig["comparisons"]:
+        assert row["wins"] + row["losses"] + row["ties"] == sig["test_queries"]
+        assert 0.0 < row["p"] <= 1.0 and row["p"] <= row["p_bh"] <= 1.0
+        low, high = row["ci95"]
+        assert low <= row["delta"] <= high
+        expected = sig["mean_ndcg@10"][row["method"]] - sig["mean_ndcg@10"][row["versus"]]
+        assert abs(row["delta"] - expected) < 1e-9
+    assert "| ance | in-batch |" in (out / "quality-cpu-significance.md").read_text()
+    # A report whose number the stored embeddings do not reproduce is refused, naming it.
+    report["runs"][0]["test"]["ndcg@10"] += 0.01
+    (out / "tampered.json").write_text(json.dumps(report))
+    refused = subprocess.run([*significance, str(out / "tampered.json")], capture_output=True,
+                             text=True, timeout=300)
+    assert refused.returncode != 0 and "rebuilt gives test nDCG@10" in refused.stderr

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ance_train.common.evaluation import evaluate
+from ance_train.common.evaluation import evaluate, evaluate_per_query
 
 LOG2_3 = math.log2(3)
 
@@ -63,3 +63,13 @@ def test_query_missing_from_run_scores_zero() -> None:
 def test_empty_qrels_returns_empty_dict() -> None:
     assert evaluate(RUN, {}) == {}
     assert evaluate({}, {}) == {}
+
+
+def test_per_query_values_average_to_the_aggregate() -> None:
+    per_query = evaluate_per_query(RUN, QRELS)
+    assert per_query == pytest.approx({"q1": 1.5 / (1 + 1 / LOG2_3),
+                                       "q2": 0.5 / (1 + 1 / LOG2_3), "q3": 0.0}, abs=1e-6)
+    assert sum(per_query.values()) / 3 == pytest.approx(evaluate(RUN, QRELS)["ndcg@10"])
+    recall = evaluate_per_query({"q1": RUN["q1"]}, {"q1": QRELS["q1"], "gone": {"x": 1}},
+                                "recall@100")
+    assert recall == {"q1": 1.0, "gone": 0.0}  # a query without a run is there, scoring 0
