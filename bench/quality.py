@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from report import command_line, machine, utc_now, write_report
@@ -238,6 +239,16 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def mean_over_seeds(series: list[tuple[list, list]]) -> tuple[list, np.ndarray, np.ndarray]:
+    """Mean and standard deviation over seeds at the x values every seed has (a refresh can
+    be overtaken in one seed's run and not in another's)."""
+    points = [dict(zip(xs, ys, strict=True)) for xs, ys in series]
+    xs = sorted(set.intersection(*(set(p) for p in points)))
+    values = np.array([[p[x] for x in xs] for p in points], dtype=float).reshape(len(points),
+                                                                                 len(xs))
+    return xs, values.mean(axis=0), values.std(axis=0)
+
+
 def plot(report: dict, out: Path) -> list[str]:
     import matplotlib
 
@@ -255,12 +266,17 @@ def plot(report: dict, out: Path) -> list[str]:
                            if "forgetting_rate" in x["diagnostics"]],
                           [x["diagnostics"]["forgetting_rate"] for x in r["refreshes"]
                            if "forgetting_rate" in x["diagnostics"]]))]
+    by_method: dict[str, list[dict]] = {}
+    for run in report["runs"]:
+        by_method.setdefault(run["method"], []).append(run)
     for slug, title, series in panels:
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        for run in report["runs"]:
-            xs, ys = series(run)
-            ax.plot(xs, ys, marker="o" if slug != "loss" else None,
-                    label=f"{run['method']} (seed {run['seed']})")
+        for method, runs in by_method.items():
+            xs, mean, std = mean_over_seeds([series(run) for run in runs])
+            line, = ax.plot(xs, mean, marker="o" if slug != "loss" else None,
+                            label=f"{method} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+            if len(runs) > 1:  # ± one standard deviation over seeds
+                ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.15)
         if slug == "test-ndcg":
             for name, ref in report["references"].items():
                 ax.axhline(ref["test"]["ndcg@10"], linestyle="--", color="grey", linewidth=1)
