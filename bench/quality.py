@@ -324,7 +324,8 @@ def combine(paths: list[Path], name: str) -> dict:
     order = list(dict.fromkeys(run["method"] for report in reports for run in report["runs"]))
     runs = sorted((run for report in reports for run in report["runs"]),
                   key=lambda run: (order.index(run["method"]), run["seed"]))
-    return {**first, "name": name, "command": " && ".join(r["command"] for r in reports),
+    return {**first, "name": name, "budget": _comparable(first, "budget"),
+            "command": " && ".join(r["command"] for r in reports),
             "parts": [{"file": str(p), "date": r["date"], "minutes": r["minutes"],
                        "methods": r["methods"], "seeds": r["seeds"]}
                       for p, r in zip(paths, reports, strict=True)],
