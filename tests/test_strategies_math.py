@@ -726,6 +726,31 @@ def test_negatives_picker_warmup_and_pools() -> None:
     assert no_warm.pick(1) == (random, None) and not no_warm.needs_wait()
 
 
+def test_dpr_warmup_mixes_bm25_and_random_then_switches_to_ann() -> None:
+    """``warmup: bm25_random``: X starts from the DPR-style model (BM25 + random 1:1)."""
+    bm25 = _table(-1, {"q": list(range(100, 140))}, source=BM25)
+    ann = _table(30, {"q": [3, 4]})
+    random = RandomNegatives(100, {"q": [0]})
+    holder = SimpleNamespace(bm25=None, ann=None)
+    picker = NegativesPicker(NegativesConfig(pool="ann", warmup="bm25_random", warmup_steps=10),
+                             holder, random)
+    assert picker.needs_wait() and not picker.ready()
+    holder.bm25 = bm25
+    assert picker.ready()
+    source, table_step = picker.pick(1)
+    assert isinstance(source, MixedNegatives) and table_step == -1
+    assert source.first is bm25 and source.second is random and source.share == 0.5
+    rng = np.random.default_rng(0)
+    drawn = [d for _ in range(2000) for d in source.sample("q", 1, rng)]
+    from_bm25 = sum(d >= 100 for d in drawn)  # BM25's candidates are 100..139, random's < 100
+    assert abs(from_bm25 - 1000) <= 5 * math.sqrt(500), from_bm25
+    assert 0 not in drawn  # the positive is never a negative
+    # Past warmup_steps an ANN pool keeps warming up until its first table is there.
+    assert isinstance(picker.pick(11)[0], MixedNegatives) and picker.pick(11)[1] == -1
+    holder.ann = ann
+    assert picker.pick(10)[1] == -1 and picker.pick(11) == (ann, 30)
+
+
 # --------------------------------------------------------------------------- 6. Diagnostics
 
 

@@ -89,16 +89,17 @@ class NegativesConfig(_Strict):
     1:1), ``ann`` (ANCE: the ANN top-``top_k`` of the latest refresh) or ``tele`` (ANCE-Tele:
     ANN ∪ momentum ∪ lookahead). ``sampling`` draws from ANN-scored candidates uniformly
     (ANCE) or by SimANS probabilities. ``warmup: bm25`` trains on BM25 negatives first
-    ("BM25 → X", ANCE Table 1).
+    ("BM25 → X", ANCE Table 1); ``warmup: bm25_random`` on BM25 and random negatives 1:1
+    first, so X starts from the DPR-style model (ANCE warms up from DPR in OpenQA, §5).
     """
 
     pool: Literal["in_batch", "random", "bm25", "bm25_random", "ann", "tele"] = "ann"
     sampling: Literal["uniform", "simans"] = "uniform"
     per_query: int = Field(1, ge=0, description="ANCE §5: one negative per positive.")
-    warmup: Literal["none", "bm25"] = "bm25"
+    warmup: Literal["none", "bm25", "bm25_random"] = "bm25"
     warmup_steps: int = Field(
         0, ge=0,
-        description="With warmup bm25: train on BM25 negatives for this many steps; 0 = until "
+        description="With a warm-up: train on its negatives for this many steps; 0 = until "
                     "the first ANN negatives arrive.",
     )
     wait_for_first: bool = Field(
@@ -134,7 +135,7 @@ class NegativesConfig(_Strict):
 
     @property
     def uses_bm25(self) -> bool:
-        warms_up = self.warmup == "bm25" and (self.mines_ann or self.warmup_steps > 0)
+        warms_up = self.warmup != "none" and (self.mines_ann or self.warmup_steps > 0)
         return self.pool in ("bm25", "bm25_random") or warms_up
 
 
@@ -274,8 +275,8 @@ class RunConfig(_Strict):
         if neg.sampling == "simans" and not neg.mines_ann:
             raise ValueError(f"negatives.sampling simans needs dense scores: use it with pool "
                              f"ann or tele, not {neg.pool}")
-        if neg.warmup_steps and neg.warmup != "bm25":
-            raise ValueError("negatives.warmup_steps is set but negatives.warmup is not bm25")
+        if neg.warmup_steps and neg.warmup == "none":
+            raise ValueError("negatives.warmup_steps is set but negatives.warmup is none")
         if neg.warmup_steps and neg.pool == "bm25":
             raise ValueError("negatives.warmup_steps: pool bm25 is BM25 throughout; a BM25 "
                              "warm-up goes before another pool (BM25 → X)")

@@ -89,7 +89,7 @@ class NegativesPicker:
         """BM25 warm-up ("BM25 → X", ANCE Table 1): the first ``warmup_steps`` steps, and for
         ANN pools also every step until the first ANN table has arrived."""
         cfg = self.config
-        if cfg.warmup != "bm25":
+        if cfg.warmup == "none":
             return False
         return step <= cfg.warmup_steps or (cfg.mines_ann and self.tables.ann is None)
 
@@ -99,6 +99,8 @@ class NegativesPicker:
         if cfg.per_query == 0:
             return None, None
         if self._warming(step) and bm25 is not None:
+            if cfg.warmup == "bm25_random":
+                return MixedNegatives(bm25, self.random), -1
             return bm25, -1
         if cfg.pool == "in_batch":
             return None, None
