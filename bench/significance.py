@@ -167,6 +167,10 @@ def significance(report: dict, roots: list[Path], data: Path, seed: int) -> dict
             "resamples": RESAMPLES, "comparisons": rows}
 
 
+def _p(value: float) -> str:
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
 def render_markdown(result: dict) -> str:
     lines = [f"# Paired significance on SciFact test ({result['report']})", "",
              f"Command: `{result['command']}`", "",
@@ -175,7 +179,7 @@ def render_markdown(result: dict) -> str:
              "dev-selected checkpoint, averaged over its seeds "
              f"({', '.join(f'{m}: {len(s)}' for m, s in result['seeds'].items())}). "
              f"Two-sided paired randomization test ({result['resamples']} resamples), 95 % "
-             "bootstrap interval of the mean difference, Benjamini-Hochberg adjusted p over "
+             "percentile-bootstrap interval of the mean difference, Benjamini-Hochberg adjusted p over "
              "the whole table.", "",
              "| method | versus | Δ nDCG@10 | 95 % interval | queries better / worse / tied "
              "| p | p (BH) |", "|---|---|---:|---|---|---:|---:|"]
@@ -183,7 +187,7 @@ def render_markdown(result: dict) -> str:
         low, high = row["ci95"]
         lines.append(f"| {row['method']} | {row['versus']} | {row['delta']:+.4f} | "
                      f"[{low:+.4f}, {high:+.4f}] | {row['wins']} / {row['losses']} / "
-                     f"{row['ties']} | {row['p']:.3f} | {row['p_bh']:.3f} |")
+                     f"{row['ties']} | {_p(row['p'])} | {_p(row['p_bh'])} |")
     lines.append("")
     return "\n".join(lines)
 
