@@ -179,8 +179,8 @@ def render_markdown(result: dict) -> str:
              "dev-selected checkpoint, averaged over its seeds "
              f"({', '.join(f'{m}: {len(s)}' for m, s in result['seeds'].items())}). "
              f"Two-sided paired randomization test ({result['resamples']} resamples), 95 % "
-             "percentile-bootstrap interval of the mean difference, Benjamini-Hochberg adjusted p over "
-             "the whole table.", "",
+             "percentile-bootstrap interval of the mean difference, Benjamini-Hochberg "
+             "adjusted p over the whole table.", "",
              "| method | versus | Δ nDCG@10 | 95 % interval | queries better / worse / tied "
              "| p | p (BH) |", "|---|---|---:|---|---|---:|---:|"]
     for row in result["comparisons"]:
