@@ -12,7 +12,10 @@ model, evaluated by the same indexer code).
     python bench/quality.py --profile gpu --seeds 13 42 77
 
 Writes ``quality-<profile>.json``, ``quality-<profile>.md`` and plots (test nDCG@10 per
-refresh, training loss, forgetting rate) into ``--out`` (default docs/benchmarks).
+refresh, training loss, forgetting rate; mean ± std over seeds) into ``--out`` (default
+docs/benchmarks). ``--runs-dir`` keeps every run (about 1.3 GB each on the cpu profile:
+checkpoints and embeddings) so that ``bench/significance.py`` can test the differences per
+query; without it the runs go to a temporary directory.
 """
 
 from __future__ import annotations
