@@ -18,8 +18,10 @@ if TYPE_CHECKING:  # the CLI imports the heavy modules lazily, per command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train dense retrievers with asynchronously refreshed ANN negatives.")
-console = Console()
-err = Console(stderr=True)
+# soft_wrap: a message is never broken at the terminal width (80 columns when not a TTY),
+# so a long path and what is said about it stay on one line for logs and grep.
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class Role(StrEnum):

@@ -35,7 +35,7 @@ from .common.runtime import publish_dataset
 from .common.storage import LocalStore, ObjectStore, store_from_env
 
 # Logs and CI are not terminals: keep the metrics table readable there too.
-console = Console(width=None if sys.stdout.isatty() else 150)
+console = Console(width=None if sys.stdout.isatty() else 150, soft_wrap=True)
 SHOWN_METRICS = ("ndcg@10", "mrr@10", "recall@100")
 
 

@@ -67,6 +67,20 @@ def test_bad_data_keeps_the_previous_run_intact(tmp_path: Path, scifact_subset,
     assert (previous / "precious.txt").exists()
 
 
+def test_errors_are_not_wrapped_at_the_terminal_width(tmp_path: Path, scifact_subset,
+                                                       tiny_model) -> None:
+    """A long path and what is said about it stay on one line (stderr is not a TTY here, so
+    a wrapping console would break it at 80 columns)."""
+    deep = tmp_path / ("d" * 120)
+    previous = deep / "runs" / "launch"
+    previous.mkdir(parents=True)
+    (previous / "summary.json").write_text("{}")
+    config = base_config(deep, scifact_subset, tiny_model)
+    result = ance("run", "--config", str(write_config(deep / "c.yaml", **config)))
+    assert result.returncode == 1
+    assert f"error: run directory {previous} already exists; pass --overwrite" in result.stderr
+
+
 def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
                                               tiny_model) -> None:
     config_path = write_config(tmp_path / "c.yaml",
