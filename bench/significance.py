@@ -28,6 +28,12 @@ import numpy as np
 from quality import ALL_METHODS, bm25_runs
 from scipy import stats
 
+from ance_train.common.config import IndexConfig
+from ance_train.common.data import DatasetIndex
+from ance_train.common.evaluation import evaluate_per_query
+from ance_train.common.refresh import query_order, unpack_embeddings
+from ance_train.indexer.ann import AnnIndex
+
 from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,13 +65,8 @@ def find_run_dir(run_id: str, roots: list[Path]) -> Path:
 
 
 def rebuilt_test_ranking(store_dir: Path, step: int, similarity: str, depth: int = 100
-                 ) -> tuple[dict, dict]:
+                         ) -> tuple[dict, dict]:
     """The test run (query → {doc: score}) of checkpoint ``step`` and the test qrels."""
-    from ance_train.common.config import IndexConfig
-    from ance_train.common.data import DatasetIndex
-    from ance_train.common.refresh import query_order, unpack_embeddings
-    from ance_train.indexer.ann import AnnIndex
-
     dataset = DatasetIndex.from_json((store_dir / "data" / "dataset.json").read_text())
     shards = store_dir / "embeddings" / str(step)
     if not shards.is_dir():
@@ -95,8 +96,6 @@ def rebuilt_test_ranking(store_dir: Path, step: int, similarity: str, depth: int
 
 def per_query_scores(report: dict, roots: list[Path]) -> tuple[dict[str, dict], dict]:
     """System → {test query → nDCG@10}: each method (mean over seeds) and zero-shot."""
-    from ance_train.common.evaluation import evaluate_per_query
-
     by_method: dict[str, list[dict[str, float]]] = {}
     zero_shot: dict[str, float] | None = None
     qrels: dict | None = None
@@ -142,8 +141,6 @@ def compare(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> dict:
 
 def significance(report: dict, roots: list[Path], data: Path, seed: int) -> dict:
     systems, qrels = per_query_scores(report, roots)
-    from ance_train.common.evaluation import evaluate_per_query
-
     bm25_run, bm25_qrels = bm25_runs(data)
     if bm25_qrels["test"] != qrels:
         raise SystemExit(f"{data}: BM25's test qrels differ from the runs'")

@@ -73,6 +73,26 @@ class Harness:
         return (self.root / f"{instance}.log").read_text(errors="replace")
 
 
+def checkpoint_steps(bus, event_type: str) -> list[int]:
+    """The checkpoint steps of every ``event_type`` event so far (BM25's step -1 left out)."""
+    return [e.step for e in bus.history(event_type) if e.step >= 0]
+
+
+def three_checkpoint_sections(run_id: str, data: Path, model: Path, negatives: dict,
+                              **inference: object) -> dict:
+    """A 6-step run with checkpoints 0, 3 and 6 over the test subset and the tiny model."""
+    return {
+        "run_id": run_id,
+        "data": {"path": str(data), "dev_fraction": 0.2},
+        "model": {"path": str(model), "max_query_length": 16, "max_doc_length": 32},
+        "training": {"steps": 6, "batch_size": 8, "refresh_every": 3, "torch_threads": 1},
+        "negatives": negatives,
+        "inference": {"shard_size": 100, "claim_timeout_s": 30, "torch_threads": 1,
+                      **inference},
+        "index": {"eval_depth": 100},
+    }
+
+
 def wait_until(predicate, timeout_s: float, message: str, interval_s: float = 0.1):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -26,7 +26,13 @@ from ance_train.common import events
 
 from fault_report import record_fault
 from fault_run import entry_ms
-from service_harness import Harness, stop, wait_until
+from service_harness import (
+    Harness,
+    checkpoint_steps,
+    stop,
+    three_checkpoint_sections,
+    wait_until,
+)
 
 pytestmark = pytest.mark.fault
 
@@ -35,16 +41,9 @@ MAX_ATTEMPTS = 2
 
 def _prepare(tmp_path: Path, redis_url: str, run_id: str, scifact_subset: Path, tiny_model: Path,
              negatives: dict) -> Harness:
-    return Harness.prepare(
-        tmp_path, redis_url, run_id=run_id,
-        data={"path": str(scifact_subset), "dev_fraction": 0.2},
-        model={"path": str(tiny_model), "max_query_length": 16, "max_doc_length": 32},
-        training={"steps": 6, "batch_size": 8, "refresh_every": 3, "torch_threads": 1},
-        negatives=negatives,
-        inference={"shard_size": 100, "claim_timeout_s": 1.5, "torch_threads": 1,
-                   "max_attempts": MAX_ATTEMPTS},
-        index={"eval_depth": 100},
-    )
+    return Harness.prepare(tmp_path, redis_url, **three_checkpoint_sections(
+        run_id, scifact_subset, tiny_model, negatives, claim_timeout_s=1.5,
+        max_attempts=MAX_ATTEMPTS))
 
 
 def _corrupt_weights(harness: Harness, step: int) -> str:
@@ -56,10 +55,6 @@ def _corrupt_weights(harness: Harness, step: int) -> str:
     return weights.relative_to(harness.root / "store" / harness.config.run_id).as_posix()
 
 
-def _steps(bus: events.EventBus, event_type: str) -> list[int]:
-    return [e.step for e in bus.history(event_type) if e.step >= 0]
-
-
 def test_corrupt_checkpoint_is_abandoned_and_newer_ones_refreshed(
         tmp_path: Path, redis_server, tiny_model, scifact_subset) -> None:
     harness = _prepare(tmp_path, redis_server.url, "corrupt-ckpt", scifact_subset, tiny_model,
@@ -67,21 +62,21 @@ def test_corrupt_checkpoint_is_abandoned_and_newer_ones_refreshed(
     bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
     processes: dict[str, subprocess.Popen] = {"trainer": harness.spawn("trainer", "trainer")}
     try:
-        wait_until(lambda: 6 in _steps(bus, events.CHECKPOINT_PUBLISHED), 300,
+        wait_until(lambda: 6 in checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED), 300,
                    "the trainer never published its last checkpoint")
         weights = _corrupt_weights(harness, 0)
         corrupted_at = time.time()
         processes["inferencer"] = harness.spawn("inferencer", "inferencer")
         processes["indexer"] = harness.spawn("indexer", "indexer")
-        wait_until(lambda: 6 in _steps(bus, events.EVAL_COMPLETED), 300,
+        wait_until(lambda: 6 in checkpoint_steps(bus, events.EVAL_COMPLETED), 300,
                    "checkpoint 6 was never evaluated")
         wait_until(lambda: "checkpoint 0 abandoned" in harness.log("indexer"), 60,
                    "the indexer never abandoned checkpoint 0")
         for name in ("inferencer", "indexer"):
             assert processes[name].poll() is None, harness.log(name)
         failed = list(bus.history(events.SHARD_FAILED))
-        encoded = Counter(_steps(bus, events.SHARD_ENCODED))
-        evaluated = _steps(bus, events.EVAL_COMPLETED)
+        encoded = Counter(checkpoint_steps(bus, events.SHARD_ENCODED))
+        evaluated = checkpoint_steps(bus, events.EVAL_COMPLETED)
     finally:
         for process in processes.values():
             stop(process)
@@ -117,7 +112,7 @@ def test_trainer_waiting_for_an_abandoned_checkpoint_stops_with_a_clear_error(
     bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
     processes = {"trainer": harness.spawn("trainer", "trainer")}
     try:
-        wait_until(lambda: 0 in _steps(bus, events.CHECKPOINT_PUBLISHED), 300,
+        wait_until(lambda: 0 in checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED), 300,
                    "checkpoint 0 was never published")
         weights = _corrupt_weights(harness, 0)
         processes["inferencer"] = harness.spawn("inferencer", "inferencer")
@@ -133,4 +128,5 @@ def test_trainer_waiting_for_an_abandoned_checkpoint_stops_with_a_clear_error(
     assert code != 0, log[-3000:]
     assert "no first negatives: checkpoint 0 was abandoned" in log
     assert weights in log and "negatives.pool ann" in log
-    assert _steps(bus, events.CHECKPOINT_PUBLISHED) == [0], "the trainer never took a step"
+    published = checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED)
+    assert published == [0], "the trainer never took a step"

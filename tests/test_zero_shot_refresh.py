@@ -15,39 +15,35 @@ from pathlib import Path
 
 from ance_train.common import events
 
-from service_harness import Harness, stop, wait_until
-
-
-def _steps(bus: events.EventBus, event_type: str) -> list[int]:
-    return [e.step for e in bus.history(event_type) if e.step >= 0]
+from service_harness import (
+    Harness,
+    checkpoint_steps,
+    stop,
+    three_checkpoint_sections,
+    wait_until,
+)
 
 
 def test_checkpoint_zero_is_refreshed_after_being_overtaken(tmp_path: Path, redis_server,
                                                             tiny_model, scifact_subset) -> None:
-    harness = Harness.prepare(
-        tmp_path, redis_server.url, run_id="zero-shot",
-        data={"path": str(scifact_subset), "dev_fraction": 0.2},
-        model={"path": str(tiny_model), "max_query_length": 16, "max_doc_length": 32},
-        training={"steps": 6, "batch_size": 8, "refresh_every": 3, "torch_threads": 1},
-        negatives={"pool": "in_batch", "warmup": "none"},
-        inference={"shard_size": 100, "claim_timeout_s": 30, "torch_threads": 1},
-        index={"eval_depth": 100},
-    )
+    harness = Harness.prepare(tmp_path, redis_server.url, **three_checkpoint_sections(
+        "zero-shot", scifact_subset, tiny_model, {"pool": "in_batch", "warmup": "none"}))
     bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
     processes = {"trainer": harness.spawn("trainer", "trainer")}
     try:
-        wait_until(lambda: 6 in _steps(bus, events.CHECKPOINT_PUBLISHED), 300,
+        wait_until(lambda: 6 in checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED), 300,
                    "the trainer never published its last checkpoint")
-        assert _steps(bus, events.CHECKPOINT_PUBLISHED) == [0, 3, 6]
-        assert _steps(bus, events.SHARD_ENCODED) == []  # nothing ran before the trainer finished
+        assert checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED) == [0, 3, 6]
+        # Nothing was encoded before the trainer finished.
+        assert checkpoint_steps(bus, events.SHARD_ENCODED) == []
         processes["inferencer"] = harness.spawn("inferencer", "inferencer")
         processes["indexer"] = harness.spawn("indexer", "indexer")
-        wait_until(lambda: 6 in _steps(bus, events.EVAL_COMPLETED), 300,
+        wait_until(lambda: 6 in checkpoint_steps(bus, events.EVAL_COMPLETED), 300,
                    "the last checkpoint was never indexed")
         for name, process in processes.items():
             assert process.poll() is None or name == "trainer", harness.log(name)
-        refreshed = _steps(bus, events.EVAL_COMPLETED)
-        encoded = Counter(_steps(bus, events.SHARD_ENCODED))
+        refreshed = checkpoint_steps(bus, events.EVAL_COMPLETED)
+        encoded = Counter(checkpoint_steps(bus, events.SHARD_ENCODED))
         evaluated = {int(key.rsplit("/", 1)[-1].removesuffix(".json"))
                      for key in harness.store.list("eval")}
     finally:
