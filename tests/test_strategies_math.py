@@ -31,6 +31,7 @@ from ance_train.indexer.ann import AnnIndex
 from ance_train.indexer.diagnostics import Diagnostics, reciprocal_ranks
 from ance_train.indexer.mining import Miner, mine_dual
 from ance_train.indexer.strategies import (
+    drop_near_positive,
     dual_query_negatives,
     first_seen,
     mix_rows,
@@ -281,6 +282,35 @@ def test_ance_miner_is_brute_force_top_k_minus_positives_uniform(top_k: int) -> 
         picked = table.sample(world.train_ids[row], 1, rng)
         assert len(picked) == 1 and picked[0] != PAD
         assert picked[0] not in world.positives[row]
+
+
+def test_drop_near_positive_hand_example() -> None:
+    candidates = np.array([[7, 3, 9, 4], [5, 6, PAD, PAD]])
+    sims = np.array([[0.9, 0.5, 0.8, 0.1], [0.2, 0.7, 0.0, 0.0]], dtype=np.float32)
+    positive = np.array([0.8, 0.5], dtype=np.float32)
+    ids, kept = drop_near_positive(candidates, sims, positive, ratio=0.95)  # 0.76 and 0.475
+    assert ids.tolist() == [[3, 4, PAD, PAD], [5, PAD, PAD, PAD]]
+    np.testing.assert_allclose(kept, [[0.5, 0.1, 0, 0], [0.2, 0, 0, 0]])
+
+
+def test_ance_miner_drops_candidates_near_the_positive() -> None:
+    world = _world(num_queries=30, seed=8)
+    top_k, ratio, tau = 20, 0.9, 0.5
+    config = NegativesConfig(pool="ann", sampling="uniform", top_k=top_k,
+                             max_positive_ratio=ratio)
+    table = _mine(world, config, step=3, previous=None, temperature=tau)
+    dropped = 0
+    for row, (q, pos) in enumerate(zip(world.queries, world.positives, strict=True)):
+        s_pos = float(table.positive_scores[row]) * tau  # the anchor positive's similarity
+        top = _brute_top(q, world.docs, pos, top_k)
+        expected = [d for d in top if float(np.dot(q, world.docs[d])) <= ratio * s_pos]
+        dropped += len(top) - len(expected)
+        got = table.candidates[row]
+        assert got[got != PAD].tolist() == expected
+        np.testing.assert_allclose(table.probabilities[row, : len(expected)],
+                                   1.0 / len(expected) if expected else 0.0, rtol=1e-6)
+        assert np.all(table.probabilities[row, len(expected):] == 0)
+    assert dropped > 0  # the world puts positives at ranks 0 and 2: rank 1 is near them
 
 
 def test_ance_remine_fraction_keeps_previous_rows_exactly() -> None:

@@ -108,6 +108,13 @@ class NegativesConfig(_Strict):
     )
     top_k: int = Field(200, ge=1, description="ANCE §5: sample from the ANN top 200.")
     bm25_top_k: int = Field(100, ge=1, description="ANCE Table 1 BM25 negatives: top 100.")
+    max_positive_ratio: float | None = Field(
+        None, gt=0.0,
+        description="False-negative filter for ANN candidates (positive-aware mining, "
+                    "NV-Retriever's TopK-PercPos: 0.95): drop a candidate whose similarity to "
+                    "the query exceeds this fraction of the positive's. None keeps the top-K "
+                    "as ANCE does.",
+    )
     remine_fraction: float = Field(
         1.0, gt=0.0, le=1.0,
         description="ANCE: share of training queries re-mined at each refresh; the others keep "
@@ -284,6 +291,9 @@ class RunConfig(_Strict):
             raise ValueError("negatives.warmup_steps needs negatives.per_query > 0")
         if neg.remine_fraction < 1.0 and neg.pool != "ann":
             raise ValueError("negatives.remine_fraction applies to pool ann only")
+        if neg.max_positive_ratio is not None and not neg.mines_ann:
+            raise ValueError(f"negatives.max_positive_ratio filters ANN candidates: use it with "
+                             f"pool ann or tele, not {neg.pool}")
         if neg.dual_weight > 0 and self.model.similarity != "cosine":
             raise ValueError("negatives.dual_weight (DANCE) is defined on L2-normalised "
                              "embeddings: set model.similarity to cosine")

@@ -25,6 +25,7 @@ from ance_train.common.negatives import (
 from .ann import AnnIndex
 from .strategies import (
     align_rows,
+    drop_near_positive,
     dual_query_negatives,
     first_seen,
     keep_previous_rows,
@@ -113,12 +114,15 @@ class Miner:
         rng = np.random.default_rng([self.seed, max(step, 0)])
         k = self.depth()
         candidates, candidate_sims = remove_positives(ranked, sims, self.positives, k)
-        scores = np.where(candidates != PAD, candidate_sims / self.temperature, 0.0)
         # d̃⁺: one positive drawn at random per query (SimANS §4.1; Tele's lookahead anchor).
         anchor = np.array([p[rng.integers(len(p))] for p in self.positive_lists], dtype=np.int64)
         anchor_vectors = index.vectors(anchor)
-        positive_scores = (np.einsum("qd,qd->q", queries, anchor_vectors)
-                           / self.temperature).astype(np.float32)
+        positive_sims = np.einsum("qd,qd->q", queries, anchor_vectors)
+        if cfg.max_positive_ratio is not None:
+            candidates, candidate_sims = drop_near_positive(
+                candidates, candidate_sims, positive_sims, cfg.max_positive_ratio)
+        scores = np.where(candidates != PAD, candidate_sims / self.temperature, 0.0)
+        positive_scores = (positive_sims / self.temperature).astype(np.float32)
         probabilities = self._probabilities(candidates, scores, positive_scores)
         sources = np.where(candidates != PAD, SOURCE_CODE["ann"], -1).astype(np.int8)
 

@@ -15,6 +15,8 @@ where a row is short), so each formula can be checked by hand.
   neighbours of the positive document (lookahead). Read as a mixture of sampling
   distributions, ``p_i = (p_ann + α·p_{i-1} + β·p_lookahead) / (1 + α + β)``; the recursion
   makes older episodes fade geometrically. Episode 0 has no momentum (Eq. 7).
+- Positive-aware filtering (optional, ``negatives.max_positive_ratio``): candidates scoring
+  above a fraction of the positive's similarity are dropped as likely false negatives.
 """
 
 from __future__ import annotations
@@ -22,6 +24,22 @@ from __future__ import annotations
 import numpy as np
 
 from ance_train.common.negatives import PAD, SOURCE_CODE, NegativesTable
+
+
+def drop_near_positive(candidates: np.ndarray, sims: np.ndarray, positive_sims: np.ndarray,
+                       ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """Positive-aware false-negative filter: keep a candidate only if its similarity is at most
+    ``ratio × s(q, d⁺)``; each row's survivors move to the front, in their original order.
+
+    Unlabelled relevant documents score like the positive, so the candidates closest to (or
+    above) it are the likeliest false negatives (NV-Retriever's TopK-PercPos uses 0.95).
+    """
+    keep = (candidates != PAD) & (sims <= ratio * positive_sims[:, None])
+    order = np.argsort(~keep, axis=1, kind="stable")  # kept first, original order within
+    kept = np.take_along_axis(keep, order, axis=1)
+    out_ids = np.where(kept, np.take_along_axis(candidates, order, axis=1), PAD)
+    out_sims = np.where(kept, np.take_along_axis(sims, order, axis=1), 0.0)
+    return out_ids.astype(np.int64), out_sims.astype(sims.dtype)
 
 
 def simans_probabilities(
