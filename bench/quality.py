@@ -13,9 +13,11 @@ model, evaluated by the same indexer code).
 
 Writes ``quality-<profile>.json``, ``quality-<profile>.md`` and plots (test nDCG@10 per
 refresh, training loss, forgetting rate; mean ± std over seeds) into ``--out`` (default
-docs/benchmarks). ``--runs-dir`` keeps every run (about 1.3 GB each on the cpu profile:
-checkpoints and embeddings) so that ``bench/significance.py`` can test the differences per
-query; without it the runs go to a temporary directory.
+docs/benchmarks). ``--runs-dir`` keeps every run's embeddings, negatives tables, logs and
+summary (about 40 MB each on the cpu profile) so that ``bench/significance.py`` and
+``bench/negative_hardness.py`` can analyse them; ``--keep-checkpoints`` keeps the model
+checkpoints and the services' work directories as well (about 1.3 GB per run). Without
+``--runs-dir`` the runs go to a temporary directory.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -70,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--refresh-every", type=int, help="Override the refresh interval.")
     parser.add_argument("--max-doc-length", type=int, help="Override the document length.")
     parser.add_argument("--runs-dir", type=Path, help="Where runs go (default: a temp dir).")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="With --runs-dir: keep model checkpoints and work directories too "
+                             "(default: only what the analyses read, about 40 MB per run).")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     parser.add_argument("--max-minutes-per-run", type=float, default=30.0)
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -130,6 +136,14 @@ def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Pa
     return raw
 
 
+def prune_run(run_dir: Path, run_id: str) -> None:
+    """Drop what no analysis reads: model checkpoints (about 90 MB each with the trainer's
+    optimizer state) and the services' local caches. Embeddings, negatives tables,
+    evaluations, logs and the summary stay."""
+    shutil.rmtree(run_dir / "work", ignore_errors=True)
+    shutil.rmtree(run_dir / "store" / run_id / "checkpoints", ignore_errors=True)
+
+
 def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:
     config = method_config(method, seed, args, runs_dir)
     config_path = runs_dir / f"{config['run_id']}.yaml"
@@ -152,6 +166,8 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
     if not refreshes or refreshes[0]["step"] != 0:
         raise RuntimeError(f"{method} (seed {seed}): no evaluation of checkpoint 0 in "
                            f"{run_dir / 'summary.json'}; the zero-shot reference is missing")
+    if not args.keep_checkpoints:
+        prune_run(run_dir, config["run_id"])
     best = max(refreshes, key=lambda r: (r["metrics"]["dev"]["ndcg@10"], -r["step"]))
     trainer = summary["trainer"]
     return {"method": method, "seed": seed, "minutes": (time.monotonic() - started) / 60,

@@ -27,12 +27,9 @@ from pathlib import Path
 import numpy as np
 from quality import ALL_METHODS, bm25_runs
 from scipy import stats
+from stored_run import find_run_dir, load_checkpoint
 
-from ance_train.common.config import IndexConfig
-from ance_train.common.data import DatasetIndex
 from ance_train.common.evaluation import evaluate_per_query
-from ance_train.common.refresh import query_order, unpack_embeddings
-from ance_train.indexer.ann import AnnIndex
 
 from report import command_line, machine, utc_now, write_report
 
@@ -56,41 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def find_run_dir(run_id: str, roots: list[Path]) -> Path:
-    for root in roots:
-        if (root / run_id / "store" / run_id).is_dir():
-            return root / run_id / "store" / run_id
-    raise SystemExit(f"run {run_id}: no {run_id}/store/{run_id} under any of "
-                     f"{[str(r) for r in roots]}; pass the --runs-dir the report was run with")
-
-
 def rebuilt_test_ranking(store_dir: Path, step: int, similarity: str, depth: int = 100
                          ) -> tuple[dict, dict]:
     """The test run (query → {doc: score}) of checkpoint ``step`` and the test qrels."""
-    dataset = DatasetIndex.from_json((store_dir / "data" / "dataset.json").read_text())
-    shards = store_dir / "embeddings" / str(step)
-    if not shards.is_dir():
-        raise SystemExit(f"{shards}: the embeddings of checkpoint {step} are not there")
-    index: AnnIndex | None = None
-    for path in sorted(shards.glob("corpus-*.npz")):
-        ids, vectors = unpack_embeddings(path.read_bytes())
-        if index is None:
-            index = AnnIndex(vectors.shape[1], IndexConfig(type="flat", device="cpu"),
-                             similarity, expected_size=dataset.num_docs)
-        index.add(ids, vectors)
-    if index is None:
-        raise SystemExit(f"{shards}: no corpus shards")
-    index.finalize()
-    row = {q: i for i, q in enumerate(query_order(dataset))}
-    queries = np.zeros((len(row), index.dim), dtype=np.float32)
-    for path in sorted(shards.glob("queries-*.npz")):
-        ids, vectors = unpack_embeddings(path.read_bytes())
-        queries[ids] = vectors
-    qids = sorted(dataset.test)
-    ranked, scores = index.search(queries[[row[q] for q in qids]], depth, 1024)
+    stored = load_checkpoint(store_dir, step, similarity)
+    qids = sorted(stored.dataset.test)
+    ranked, scores = stored.index.search(stored.query_vectors(qids), depth, 1024)
     run = {q: {str(d): float(s) for d, s in zip(r, sc, strict=True) if d >= 0}
            for q, r, sc in zip(qids, ranked, scores, strict=True)}
-    qrels = {q: {str(d): rel for d, rel in dataset.test[q].items()} for q in qids}
+    qrels = {q: {str(d): rel for d, rel in stored.dataset.test[q].items()} for q in qids}
     return run, qrels
 
 

@@ -97,3 +97,32 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     refused = subprocess.run([*significance, str(out / "tampered.json")], capture_output=True,
                              text=True, timeout=300)
     assert refused.returncode != 0 and "rebuilt gives test nDCG@10" in refused.stderr
+
+    # --runs-dir keeps what the analyses read and drops model checkpoints and caches.
+    kept = tmp_path / "runs" / "ance-s7"
+    assert not (kept / "work").exists()
+    assert not (kept / "store" / "ance-s7" / "checkpoints").exists()
+    assert (kept / "store" / "ance-s7" / "negatives" / "bm25.npz").is_file()
+
+    # How hard the ANCE run's negatives were, under each checkpoint it stored.
+    hardness = subprocess.run([sys.executable, str(REPO / "bench" / "negative_hardness.py"),
+                               str(tmp_path / "runs" / "ance-s7"), "--out", str(out)],
+                              capture_output=True, text=True, timeout=300)
+    assert hardness.returncode == 0, hardness.stdout[-3000:] + hardness.stderr[-3000:]
+    analysed = json.loads((out / "negative-hardness.json").read_text())["runs"][0]
+    ance_run = next(r for r in report["runs"] if r["method"] == "ance")
+    assert analysed["run_id"] == "ance-s7" and analysed["pool"] == "ann"
+    assert [c["step"] for c in analysed["checkpoints"]] == \
+        [r["step"] for r in ance_run["refreshes"]]
+    for checkpoint in analysed["checkpoints"]:
+        assert "bm25" in checkpoint["tables"], "ANCE warms up on BM25 negatives"
+        assert checkpoint["positive_rank"]["median"] >= 1
+        for stats in [*checkpoint["tables"].values(), checkpoint["random"]]:
+            assert 0.0 <= stats["p_above_positive"] <= 1.0
+            assert 0.0 <= stats["p_above_near_positive"] <= 1.0
+        # A table mined from this very checkpoint holds its top-K non-positives: under the
+        # same embeddings they are closer to the positive than uniform corpus documents.
+        own = checkpoint["tables"].get(str(checkpoint["step"]))
+        if own is not None:
+            assert own["mean_gap"] < checkpoint["random"]["mean_gap"]
+    assert any(str(c["step"]) in c["tables"] for c in analysed["checkpoints"])

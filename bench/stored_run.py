@@ -1,0 +1,62 @@
+"""Read back what a kept run (``bench/quality.py --runs-dir``) stored for one checkpoint.
+
+The indexer's inputs at a refresh are the corpus and query embedding shards under
+``<run>/store/<run>/embeddings/<step>/``; the benchmarks that analyse a run after the fact
+(``significance.py``, ``negative_hardness.py``) rebuild from those, never from a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ance_train.common.config import IndexConfig
+from ance_train.common.data import DatasetIndex
+from ance_train.common.refresh import query_order, unpack_embeddings
+from ance_train.indexer.ann import AnnIndex
+
+
+def find_run_dir(run_id: str, roots: list[Path]) -> Path:
+    """``<root>/<run_id>/store/<run_id>`` under the first root that holds it."""
+    for root in roots:
+        if (root / run_id / "store" / run_id).is_dir():
+            return root / run_id / "store" / run_id
+    raise SystemExit(f"run {run_id}: no {run_id}/store/{run_id} under any of "
+                     f"{[str(r) for r in roots]}; pass the --runs-dir the report was run with")
+
+
+@dataclass
+class StoredCheckpoint:
+    dataset: DatasetIndex
+    index: AnnIndex           # exact (flat) index over the whole corpus
+    queries: np.ndarray       # [all queries, dim] in ``query_order`` rows
+    query_row: dict[str, int]
+
+    def query_vectors(self, query_ids: list[str]) -> np.ndarray:
+        return self.queries[[self.query_row[q] for q in query_ids]]
+
+
+def load_checkpoint(store_dir: Path, step: int, similarity: str) -> StoredCheckpoint:
+    """The embeddings of checkpoint ``step`` in a flat ``AnnIndex`` (the indexer's own code)."""
+    dataset = DatasetIndex.from_json((store_dir / "data" / "dataset.json").read_text())
+    shards = store_dir / "embeddings" / str(step)
+    if not shards.is_dir():
+        raise SystemExit(f"{shards}: the embeddings of checkpoint {step} are not there")
+    index: AnnIndex | None = None
+    for path in sorted(shards.glob("corpus-*.npz")):
+        ids, vectors = unpack_embeddings(path.read_bytes())
+        if index is None:
+            index = AnnIndex(vectors.shape[1], IndexConfig(type="flat", device="cpu"),
+                             similarity, expected_size=dataset.num_docs)
+        index.add(ids, vectors)
+    if index is None:
+        raise SystemExit(f"{shards}: no corpus shards")
+    index.finalize()
+    query_row = {q: i for i, q in enumerate(query_order(dataset))}
+    queries = np.zeros((len(query_row), index.dim), dtype=np.float32)
+    for path in sorted(shards.glob("queries-*.npz")):
+        ids, vectors = unpack_embeddings(path.read_bytes())
+        queries[ids] = vectors
+    return StoredCheckpoint(dataset, index, queries, query_row)
