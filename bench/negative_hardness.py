@@ -129,7 +129,11 @@ def analyse_run(run_dir: Path) -> dict:
                  "random": random_statistics(stored, train_ids, positive)}
         checkpoints.append(entry)
         print(f"[hardness] {run_id} checkpoint {step}: {len(tables)} tables", flush=True)
-    return {"run_id": run_id, "pool": config["negatives"]["pool"], "checkpoints": checkpoints}
+    overrides = {k: v for k, v in config["negatives"].items()
+                 if k in ("per_query", "max_positive_ratio", "sampling") and v is not None}
+    return {"run_id": run_id, "label": f"{run_dir.parent.name}/{run_id}",
+            "pool": config["negatives"]["pool"], "negatives": overrides,
+            "checkpoints": checkpoints}
 
 
 def markdown(report: dict) -> str:
@@ -143,6 +147,8 @@ def markdown(report: dict) -> str:
              "`negatives.max_positive_ratio: 0.95` would drop. Table `bm25` is the BM25 "
              "top 100; a number is the ANN table mined at that refresh; `random` is uniform "
              "over the corpus.", "",
+             "Runs are named <runs-dir>/<run id>; the negatives settings of each are in the "
+             "JSON.", "",
              "| run | checkpoint | positive rank (median / mean / share first) | negatives | "
              "gap | above d⁺ | > 0.95·d⁺ |",
              "|---|---:|---|---|---:|---:|---:|"]
@@ -153,7 +159,7 @@ def markdown(report: dict) -> str:
                          f"{rank['share_first']:.2f}")
             rows = [*entry["tables"].items(), ("random", entry["random"])]
             for name, stats in rows:
-                lines.append(f"| {run['run_id']} | {entry['step']} | {rank_text} | {name} | "
+                lines.append(f"| {run['label']} | {entry['step']} | {rank_text} | {name} | "
                              f"{stats['mean_gap']:.3f} | {stats['p_above_positive']:.3f} | "
                              f"{stats['p_above_near_positive']:.3f} |")
                 rank_text = ""
