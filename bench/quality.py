@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -136,6 +137,22 @@ def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Pa
     return raw
 
 
+def run_child(command: list[str]) -> subprocess.CompletedProcess:
+    """Run ``ance-train run`` and, if this script is stopped (SIGTERM, Ctrl-C), stop it too:
+    its launcher then stops the services it started, so nothing keeps running unseen."""
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = child.communicate()
+    except BaseException:
+        child.terminate()
+        try:
+            child.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        raise
+    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+
+
 def prune_run(run_dir: Path, run_id: str) -> None:
     """Drop what no analysis reads: model checkpoints (about 90 MB each with the trainer's
     optimizer state) and the services' local caches. Embeddings, negatives tables,
@@ -149,9 +166,9 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
     config_path = runs_dir / f"{config['run_id']}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "ance_train.cli", "run", "--config",
-                             str(config_path), "--overwrite", "--max-minutes",
-                             str(args.max_minutes_per_run)], capture_output=True, text=True)
+    result = run_child([sys.executable, "-m", "ance_train.cli", "run", "--config",
+                        str(config_path), "--overwrite", "--max-minutes",
+                        str(args.max_minutes_per_run)])
     if result.returncode != 0:
         raise RuntimeError(f"{method} (seed {seed}) failed:\n{result.stdout[-3000:]}"
                            f"\n{result.stderr[-3000:]}")
@@ -236,6 +253,7 @@ def render_markdown(report: dict) -> str:
 
     lines = [f"# Retrieval quality on SciFact ({report['profile']} profile)", "",
              f"Command: `{report['command']}`", "",
+             *([f"Merged by: `{report['merged_by']}`", ""] if report.get("merged_by") else []),
              f"Machine: {report['machine']['cpu']} — {report['machine']['cores']} cores, "
              f"GPU: {report['machine']['gpu'] or 'none'}, torch {report['machine']['torch']}; "
              f"{report['date']}; {report['minutes']:.1f} min in all", "",
@@ -345,6 +363,7 @@ def combine(paths: list[Path], name: str) -> dict:
                   key=lambda run: (order.index(run["method"]), run["seed"]))
     return {**first, "name": name, "budget": _comparable(first, "budget"),
             "command": " && ".join(r["command"] for r in reports),
+            "merged_by": command_line(),
             "parts": [{"file": str(p), "date": r["date"], "minutes": r["minutes"],
                        "methods": r["methods"], "seeds": r["seeds"]}
                       for p, r in zip(paths, reports, strict=True)],
@@ -364,8 +383,13 @@ def save(report: dict, out: Path) -> None:
     write_report(out, report["name"], report, render_markdown(report))
 
 
+def _stop(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)  # unwinds through run_child, which stops the run
     if args.combine:
         args.out.mkdir(parents=True, exist_ok=True)
         save(combine(args.combine, args.name or f"quality-{args.profile}"), args.out)

@@ -65,6 +65,7 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     assert "| ance | 7 |" in markdown and "| in-batch | 7, 8 |" in markdown
     assert "reference" in markdown and " ± " in markdown
     assert report["command"] in markdown
+    assert "--combine" in report["merged_by"] and report["merged_by"] in markdown
     for plot in report["plots"]:
         data = (out / plot).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -126,3 +127,36 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
         if own is not None:
             assert own["mean_gap"] < checkpoint["random"]["mean_gap"]
     assert any(str(c["step"]) in c["tables"] for c in analysed["checkpoints"])
+
+
+def test_stopping_the_benchmark_stops_its_run(tmp_path: Path, scifact_subset, tiny_model) -> None:
+    """SIGTERM to bench/quality.py stops the `ance-train run` it started and that run's
+    services: nothing of the benchmark keeps running unseen."""
+    import signal
+    import time
+
+    import psutil
+
+    bench = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "quality.py"), "--profile", "cpu",
+         "--data", str(scifact_subset), "--model", str(tiny_model), "--steps", "400",
+         "--refresh-every", "100", "--max-doc-length", "32", "--methods", "in-batch",
+         "--seeds", "7", "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trainer_log = tmp_path / "runs" / "in-batch-s7" / "logs" / "trainer.log"
+    deadline = time.monotonic() + 240
+    while not (trainer_log.exists() and "step" in trainer_log.read_text()):
+        assert bench.poll() is None, "the benchmark ended before its run started training"
+        assert time.monotonic() < deadline, "the run never started training"
+        time.sleep(0.5)
+    descendants = psutil.Process(bench.pid).children(recursive=True)
+    assert len(descendants) >= 3, "expected the run and its services"  # launcher, trainer, ...
+    bench.send_signal(signal.SIGTERM)
+    # 143 = 128 + SIGTERM: the benchmark caught the signal and stopped its run before
+    # exiting (killed outright it would report -15 and leave the run to die of a broken pipe
+    # whenever it next printed).
+    assert bench.wait(timeout=180) == 128 + signal.SIGTERM
+    _, alive = psutil.wait_procs(descendants, timeout=60)
+    assert not alive, [p.cmdline() for p in alive]
+    assert not (tmp_path / "out" / "quality-cpu.json").exists(), \
+        "a stopped benchmark reports nothing"
