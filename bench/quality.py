@@ -17,7 +17,10 @@ docs/benchmarks). ``--runs-dir`` keeps every run's embeddings, negatives tables,
 summary (about 40 MB each on the cpu profile) so that ``bench/significance.py`` and
 ``bench/negative_hardness.py`` can analyse them; ``--keep-checkpoints`` keeps the model
 checkpoints and the services' work directories as well (about 1.3 GB per run). Without
-``--runs-dir`` the runs go to a temporary directory.
+``--runs-dir`` the runs go to a temporary directory. Rerunning a command with the same
+``--runs-dir`` reuses every run that already finished there with the same config, so an
+invocation that failed or was stopped loses none of its finished runs (``--retrain`` to
+train them again).
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="With --runs-dir: keep model checkpoints and work directories too "
                              "(default: only what the analyses read, about 40 MB per run).")
+    parser.add_argument("--retrain", action="store_true",
+                        help="Train every run again, even one that already finished in "
+                             "--runs-dir with the same config (default: reuse it).")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     parser.add_argument("--max-minutes-per-run", type=float, default=30.0)
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -161,19 +167,40 @@ def prune_run(run_dir: Path, run_id: str) -> None:
     shutil.rmtree(run_dir / "store" / run_id / "checkpoints", ignore_errors=True)
 
 
+def finished_run(config: dict, config_path: Path, run_dir: Path) -> dict | None:
+    """The summary of a run that already finished with exactly this config, if there is one
+    (so rerunning an invocation that failed or was stopped retrains nothing it finished)."""
+    summary_path = run_dir / "summary.json"
+    if not (config_path.is_file() and summary_path.is_file()):
+        return None
+    if yaml.safe_load(config_path.read_text()) != config:
+        return None
+    summary = json.loads(summary_path.read_text())
+    trainer = summary.get("trainer", {})
+    if not trainer.get("finished") or trainer.get("steps") != config["training"]["steps"]:
+        return None
+    return summary
+
+
 def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:
     config = method_config(method, seed, args, runs_dir)
     config_path = runs_dir / f"{config['run_id']}.yaml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    started = time.monotonic()
-    result = run_child([sys.executable, "-m", "ance_train.cli", "run", "--config",
-                        str(config_path), "--overwrite", "--max-minutes",
-                        str(args.max_minutes_per_run)])
-    if result.returncode != 0:
-        raise RuntimeError(f"{method} (seed {seed}) failed:\n{result.stdout[-3000:]}"
-                           f"\n{result.stderr[-3000:]}")
     run_dir = runs_dir / config["run_id"]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = None if args.retrain else finished_run(config, config_path, run_dir)
+    if summary is not None:
+        print(f"[quality] {method} seed {seed}: reusing the finished run {run_dir}", flush=True)
+        minutes = summary["seconds"] / 60
+    else:
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        started = time.monotonic()
+        result = run_child([sys.executable, "-m", "ance_train.cli", "run", "--config",
+                            str(config_path), "--overwrite", "--max-minutes",
+                            str(args.max_minutes_per_run)])
+        if result.returncode != 0:
+            raise RuntimeError(f"{method} (seed {seed}) failed:\n{result.stdout[-3000:]}"
+                               f"\n{result.stderr[-3000:]}")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        minutes = (time.monotonic() - started) / 60
     store = run_dir / "store" / config["run_id"] / "eval"
     refreshes = []
     for evaluation in summary["evaluations"]:
@@ -187,7 +214,7 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
         prune_run(run_dir, config["run_id"])
     best = max(refreshes, key=lambda r: (r["metrics"]["dev"]["ndcg@10"], -r["step"]))
     trainer = summary["trainer"]
-    return {"method": method, "seed": seed, "minutes": (time.monotonic() - started) / 60,
+    return {"method": method, "seed": seed, "minutes": minutes,
             "selected_step": best["step"], "dev": best["metrics"]["dev"],
             "test": best["metrics"]["test"], "refreshes": refreshes,
             "losses": trainer["losses"], "swaps": trainer["swaps"],

@@ -25,6 +25,15 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
                                  f"part-{method}-{seed}.v1"],
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # The same command again reuses the finished run instead of training it again.
+    again = subprocess.run([*common, "--methods", "in-batch", "--seeds", "7", "--name",
+                            "again"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "in-batch seed 7: reusing the finished run" in again.stdout
+    first = json.loads((out / "part-in-batch-7.v1.json").read_text())["runs"][0]
+    reused = json.loads((out / "again.json").read_text())["runs"][0]
+    assert {k: v for k, v in reused.items() if k != "minutes"} == \
+        {k: v for k, v in first.items() if k != "minutes"}
     combine = [sys.executable, str(REPO / "bench" / "quality.py"), "--profile", "cpu", "--out",
                str(out), "--combine"]
     files = [str(out / f"part-{method}-{seed}.v1.json") for method, seed in parts]
