@@ -44,14 +44,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def positive_matrix(stored: StoredCheckpoint, query_ids: list[str]) -> np.ndarray:
-    """Similarity of each training query to its best positive (under this checkpoint)."""
+def positives_and_ranks(stored: StoredCheckpoint, query_ids: list[str], block: int = 256
+                        ) -> tuple[dict[str, float], np.ndarray]:
+    """Each query's similarity to its best positive and that positive's rank among all
+    documents (1 = first), both read off one similarity row per query."""
+    docs = stored.index.vectors(np.arange(stored.dataset.num_docs))
     vectors = stored.query_vectors(query_ids)
-    best = np.empty(len(query_ids), dtype=np.float32)
-    for row, qid in enumerate(query_ids):
-        docs = np.array([d for d, rel in stored.dataset.train[qid].items() if rel > 0])
-        best[row] = stored.index.scores(vectors[row:row + 1], docs[None, :]).max()
-    return best
+    best: dict[str, float] = {}
+    ranks = np.empty(len(query_ids), dtype=np.int64)
+    for start in range(0, len(query_ids), block):
+        for row, sims in enumerate(vectors[start:start + block] @ docs.T, start=start):
+            qid = query_ids[row]
+            positives = [d for d, rel in stored.dataset.train[qid].items() if rel > 0]
+            best[qid] = float(sims[positives].max())
+            ranks[row] = int((sims > best[qid]).sum()) + 1
+    return best, ranks
 
 
 def draw_statistics(sims: np.ndarray, probabilities: np.ndarray, positive: np.ndarray) -> dict:
@@ -91,19 +98,9 @@ def random_statistics(stored: StoredCheckpoint, query_ids: list[str],
     return draw_statistics(sims, probabilities, np.array([positive[q] for q in query_ids]))
 
 
-def positive_ranks(stored: StoredCheckpoint, query_ids: list[str],
-                   positive: dict[str, float]) -> dict:
-    """Rank of the best positive among all documents (1 = first), over training queries."""
-    vectors = stored.query_vectors(query_ids)
-    ranks = []
-    everything = np.arange(stored.dataset.num_docs)[None, :]
-    for row, qid in enumerate(query_ids):
-        sims = stored.index.scores(vectors[row:row + 1], everything)[0]
-        ranks.append(int((sims > positive[qid]).sum()) + 1)
-    ranks_array = np.array(ranks)
-    return {"median": float(np.median(ranks_array)), "mean": float(ranks_array.mean()),
-            "share_first": float((ranks_array == 1).mean()),
-            "share_top10": float((ranks_array <= 10).mean())}
+def rank_summary(ranks: np.ndarray) -> dict:
+    return {"median": float(np.median(ranks)), "mean": float(ranks.mean()),
+            "share_first": float((ranks == 1).mean()), "share_top10": float((ranks <= 10).mean())}
 
 
 def analyse_run(run_dir: Path) -> dict:
@@ -121,9 +118,8 @@ def analyse_run(run_dir: Path) -> dict:
     for step in steps:
         stored = load_checkpoint(store, step, similarity)
         train_ids = sorted(stored.dataset.train)
-        best = positive_matrix(stored, train_ids)
-        positive = dict(zip(train_ids, best.tolist(), strict=True))
-        entry = {"step": step, "positive_rank": positive_ranks(stored, train_ids, positive),
+        positive, ranks = positives_and_ranks(stored, train_ids)
+        entry = {"step": step, "positive_rank": rank_summary(ranks),
                  "tables": {name: table_statistics(stored, table, positive)
                             for name, table in tables.items()},
                  "random": random_statistics(stored, train_ids, positive)}
