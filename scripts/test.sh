@@ -6,4 +6,5 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ruff check services tests bench
-python -m pytest -q -p no:cacheprovider "$@"
+# --durations: CI lists the slowest tests, to keep the suite well under 15 minutes.
+python -m pytest -q -p no:cacheprovider --durations=15 "$@"
