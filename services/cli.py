@@ -96,7 +96,11 @@ def run(
     from .launcher import EmbeddedRun, RunAborted
 
     cfg = _load(config)
+    # Both signals stop the run, whatever disposition was inherited: a shell that starts a job
+    # in the background (`cmd &` in a script) ignores SIGINT for it, and then a `kill -INT`
+    # or Ctrl-C would otherwise leave every service running.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         EmbeddedRun(cfg, config, overwrite=overwrite, max_minutes=max_minutes).execute()
     except (DataError, ModelLoadError, RunAborted) as error:

@@ -88,9 +88,12 @@ def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
     run_dir = tmp_path / "runs" / "launch"
     # With ANCE_REDIS_PASSWORD in the shell, the run's private Redis requires it.
     env = dict(os.environ, ANCE_REDIS_PASSWORD="launcher-test-secret")
+    # Started with SIGINT ignored, as a shell starts a background job (`cmd &` in a script):
+    # the launcher must still stop on it.
     launcher = subprocess.Popen([sys.executable, "-m", "ance_train.cli", "run", "--config",
                                  str(config_path)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
+                                stderr=subprocess.PIPE, text=True, env=env,
+                                preexec_fn=_ignore_sigint)
 
     def all_services_up() -> bool:
         reply = ance("status", "--config", str(config_path), "--json", env=env)
@@ -114,6 +117,10 @@ def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
     time.sleep(0.5)
     assert _processes_mentioning(str(run_dir)) == [], "orphan services after Ctrl-C"
     assert _processes_mentioning(redis_marker) == [], "redis-server left running after Ctrl-C"
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _processes_mentioning(text: str) -> list[str]:
