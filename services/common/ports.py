@@ -1,0 +1,53 @@
+"""Pick a loopback TCP port for a child process to listen on (embedded runs and tests).
+
+The usual trick, bind port 0 and close, hands back a port from the kernel's *ephemeral*
+range. Between closing it and the child binding it, any outgoing connection on the machine
+(a Redis client, an S3 request, gRPC) may be given that same port as its local end, and the
+child then fails with "Address already in use". A CI run lost a service's metrics port that
+way. Ports below the ephemeral range are never handed to outgoing connections, so a port
+picked at random there can only be lost to another explicit bind to that very number.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL_LOW = 32768  # Linux's default when /proc is not readable
+LOWEST_PICKED_PORT = 10000  # leave well-known and registered service ports alone
+_ATTEMPTS = 200
+
+
+def ephemeral_port_low() -> int:
+    """The lowest port the kernel may assign to an outgoing connection."""
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return DEFAULT_EPHEMERAL_LOW
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """Return a port on 127.0.0.1 that is free now and outside the ephemeral range.
+
+    Falls back to a kernel-assigned port when the ephemeral range leaves no room below it.
+    """
+    high = ephemeral_port_low()
+    if high - LOWEST_PICKED_PORT >= 1000:
+        for _ in range(_ATTEMPTS):
+            port = random.randrange(LOWEST_PICKED_PORT, high)
+            if _bindable(port):
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
