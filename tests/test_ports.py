@@ -13,8 +13,8 @@ from ance_train.common import ports
 def test_picked_ports_lie_below_the_ephemeral_range_and_are_bindable() -> None:
     low = ports.ephemeral_port_low()
     assert low == int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    picked = {ports.free_port() for _ in range(50)}
-    assert len(picked) > 40  # random, not one fixed port
+    picked = [ports.free_port() for _ in range(300)]
+    assert len(set(picked)) == len(picked), "a port is handed out once per process"
     for port in picked:
         assert ports.LOWEST_PICKED_PORT <= port < low
         with socket.socket() as sock:
@@ -27,9 +27,18 @@ def test_a_port_someone_listens_on_is_skipped(monkeypatch: pytest.MonkeyPatch) -
         taken.listen(1)
         taken_port = taken.getsockname()[1]
         other = ports.free_port()
+        monkeypatch.setattr(ports, "_handed_out", set())  # both offers are new to the picker
         offers = iter([taken_port, taken_port, other])
         monkeypatch.setattr(ports.random, "randrange", lambda _lo, _hi: next(offers))
         assert ports.free_port() == other
+
+
+def test_a_port_handed_out_before_is_not_offered_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = ports.free_port(), ports.free_port()
+    monkeypatch.setattr(ports, "_handed_out", {first})  # nothing listens on either yet
+    offers = iter([first, first, second])
+    monkeypatch.setattr(ports.random, "randrange", lambda _lo, _hi: next(offers))
+    assert ports.free_port() == second
 
 
 def test_without_room_below_the_ephemeral_range_the_kernel_picks(

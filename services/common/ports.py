@@ -5,7 +5,9 @@ range. Between closing it and the child binding it, any outgoing connection on t
 (a Redis client, an S3 request, gRPC) may be given that same port as its local end, and the
 child then fails with "Address already in use". A CI run lost a service's metrics port that
 way. Ports below the ephemeral range are never handed to outgoing connections, so a port
-picked at random there can only be lost to another explicit bind to that very number.
+picked at random there can only be lost to another explicit bind to that very number. A
+process never hands out the same port twice (the launcher picks every service's ports
+before any of them binds), so its own picks cannot collide either.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL_LOW = 32768  # Linux's default when /proc is not readable
 LOWEST_PICKED_PORT = 10000  # leave well-known and registered service ports alone
 _ATTEMPTS = 200
+_handed_out: set[int] = set()  # ports this process returned before
 
 
 def ephemeral_port_low() -> int:
@@ -46,8 +49,14 @@ def free_port() -> int:
     if high - LOWEST_PICKED_PORT >= 1000:
         for _ in range(_ATTEMPTS):
             port = random.randrange(LOWEST_PICKED_PORT, high)
-            if _bindable(port):
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
                 return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    for _ in range(_ATTEMPTS):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise OSError("no free loopback port that this process has not handed out already")
