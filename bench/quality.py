@@ -89,6 +89,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="SECTION.FIELD=VALUE",
                         help="Override a config field for every method (dev tuning), e.g. "
                              "--set training.learning_rate=5e-5; repeatable.")
+    parser.add_argument("--label", help="Name the method LABEL in the report (one method per "
+                             "invocation): a variant made with --set negatives.* can then be "
+                             "merged by --combine beside the method itself, e.g. "
+                             "--methods ance --set negatives.top_k=20 --label ance-top20.")
     parser.add_argument("--name", help="Output file stem (default quality-<profile>).")
     parser.add_argument("--combine", nargs="+", type=Path, metavar="REPORT_JSON",
                         help="Train nothing: merge the reports of several invocations (e.g. "
@@ -101,6 +105,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         path, sep, _ = override.partition("=")
         if not sep or path.count(".") != 1:
             parser.error(f"--set {override!r}: expected SECTION.FIELD=VALUE")
+    if args.label and len(args.methods) != 1:
+        parser.error(f"--label names one method; got --methods {' '.join(args.methods)}")
+    if args.label in ALL_METHODS and args.label != args.methods[0]:
+        parser.error(f"--label {args.label!r} is another method's name")
     return args
 
 
@@ -214,7 +222,8 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
         prune_run(run_dir, config["run_id"])
     best = max(refreshes, key=lambda r: (r["metrics"]["dev"]["ndcg@10"], -r["step"]))
     trainer = summary["trainer"]
-    return {"method": method, "seed": seed, "minutes": minutes,
+    return {"method": args.label or method, "base_method": method,
+            "overrides": args.overrides, "seed": seed, "minutes": minutes,
             "selected_step": best["step"], "dev": best["metrics"]["dev"],
             "test": best["metrics"]["test"], "refreshes": refreshes,
             "losses": trainer["losses"], "swaps": trainer["swaps"],
@@ -273,6 +282,12 @@ def aggregate(runs: list[dict]) -> dict:
             for method, method_runs in by_method.items()}
 
 
+def labelled_variants(runs: list[dict]) -> dict[str, dict]:
+    """Method name → the method and overrides it stands for, for every ``--label``ed one."""
+    return {run["method"]: {"method": run["base_method"], "overrides": run["overrides"]}
+            for run in runs if run.get("base_method", run["method"]) != run["method"]}
+
+
 def render_markdown(report: dict) -> str:
     def cell(stats: dict) -> str:
         return (f"{stats['mean']:.4f} ± {stats['std']:.4f}" if stats["n"] > 1
@@ -299,6 +314,11 @@ def render_markdown(report: dict) -> str:
         lines.append(f"| {method} | {seeds} | {steps} | {cell(stats['dev']['ndcg@10'])} | "
                      f"{cell(stats['test']['ndcg@10'])} | {cell(stats['test']['mrr@10'])} | "
                      f"{cell(stats['test']['recall@100'])} |")
+    variants = report.get("variants") or {}
+    if variants:
+        lines += ["", "Variants: " + "; ".join(
+            f"{label} = {v['method']} with {', '.join(f'`{o}`' for o in v['overrides'])}"
+            for label, v in variants.items()) + "."]
     lines += ["", "Plots: " + ", ".join(f"`{p}`" for p in report["plots"]), ""]
     return "\n".join(lines)
 
@@ -365,18 +385,42 @@ def _comparable(report: dict, key: str) -> object:
     return value
 
 
+def _shared_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that may change what every method shares (all but ``negatives.*``)."""
+    return [o for o in overrides if not o.startswith("negatives.")]
+
+
+def _check_variants(paths: list[Path], reports: list[dict]) -> None:
+    """Parts may differ in ``negatives.*`` overrides only, and then only under distinct method
+    names (``--label``): every run of one method name was made with the same overrides."""
+    overrides_of: dict[str, tuple[list[str], Path]] = {}
+    for path, report in zip(paths, reports, strict=True):
+        if _shared_overrides(report["overrides"]) != _shared_overrides(reports[0]["overrides"]):
+            raise SystemExit(f"{path}: overrides {report['overrides']} differ from "
+                             f"{paths[0]}'s {reports[0]['overrides']} outside negatives.*; "
+                             "not comparable")
+        for run in report["runs"]:
+            overrides = run.get("overrides", report["overrides"])
+            seen = overrides_of.setdefault(run["method"], (overrides, path))
+            if seen[0] != overrides:
+                raise SystemExit(f"{path}: {run['method']} was run with {overrides}, in "
+                                 f"{seen[1]} with {seen[0]}; name the variant with --label")
+
+
 def combine(paths: list[Path], name: str) -> dict:
     """One report from several invocations of the same profile and budget.
 
-    Parts may hold different methods (the cpu profile runs four per invocation) or more seeds
-    of methods already run; a (method, seed) pair may appear only once.
+    Parts may hold different methods (the cpu profile runs four per invocation), more seeds
+    of methods already run, or labelled variants of a method (``--label``, different
+    ``negatives.*`` overrides); a (method, seed) pair may appear only once.
     """
     reports = [json.loads(path.read_text()) for path in paths]
     first = reports[0]
     for path, other in zip(paths[1:], reports[1:], strict=True):
-        for key in ("profile", "budget", "overrides"):
+        for key in ("profile", "budget"):
             if _comparable(other, key) != _comparable(first, key):
                 raise SystemExit(f"{path}: {key} differs from {paths[0]}; not comparable")
+    _check_variants(paths, reports)
     seen: dict[tuple[str, int], Path] = {}
     for path, report in zip(paths, reports, strict=True):
         for run in report["runs"]:
@@ -395,6 +439,10 @@ def combine(paths: list[Path], name: str) -> dict:
                        "methods": r["methods"], "seeds": r["seeds"]}
                       for p, r in zip(paths, reports, strict=True)],
             "seeds": sorted({run["seed"] for run in runs}), "methods": order, "runs": runs,
+            "overrides": (first["overrides"] if all(r["overrides"] == first["overrides"]
+                                                    for r in reports)
+                          else _shared_overrides(first["overrides"])),
+            "variants": labelled_variants(runs),
             "aggregate": aggregate(runs), "minutes": sum(r["minutes"] for r in reports)}
 
 
@@ -441,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": command_line(), "date": utc_now(), "machine": machine(),
         "profile": args.profile, "name": args.name or f"quality-{args.profile}",
-        "overrides": args.overrides, "seeds": seeds, "methods": args.methods,
+        "overrides": args.overrides, "seeds": seeds,
+        "methods": [args.label] if args.label else args.methods,
+        "variants": labelled_variants(runs),
         "budget": budget(method_config(args.methods[0], seeds[0], args, Path("runs"))),
         "references": {
             "BM25 (bm25s k1=0.9 b=0.4)": bm25_reference(args),

@@ -71,7 +71,10 @@ def per_query_scores(report: dict, roots: list[Path]) -> tuple[dict[str, dict], 
     zero_shot: dict[str, float] | None = None
     qrels: dict | None = None
     for run in report["runs"]:
-        store_dir = find_run_dir(run["config"]["run_id"], roots)
+        # The run's own output directory first: labelled variants share run ids with the
+        # method they vary (both "ance-s13"), in different --runs-dir.
+        store_dir = find_run_dir(run["config"]["run_id"],
+                                 [Path(run["config"]["output_dir"]), *roots])
         similarity = run["config"]["model"].get("similarity", "cosine")
         ranking, run_qrels = rebuilt_test_ranking(store_dir, run["selected_step"], similarity)
         if qrels is not None and run_qrels != qrels:
@@ -119,10 +122,13 @@ def significance(report: dict, roots: list[Path], data: Path, seed: int) -> dict
     queries = sorted(qrels)
     vector = {name: np.array([scores[q] for q in queries]) for name, scores in systems.items()}
     rng = np.random.default_rng(seed)
+    base_of = {run["method"]: run.get("base_method", run["method"]) for run in report["runs"]}
+    family = sorted((m for m in base_of if base_of[m] in ANCE_FAMILY),
+                    key=lambda m: ANCE_FAMILY.index(base_of[m]))
+    baselines = [m for m in base_of if base_of[m] in BASELINES]
     rows = [{"method": method, "versus": other,
              **compare(vector[method], vector[other], rng)}
-            for method in ANCE_FAMILY if method in vector
-            for other in [*BASELINES, ZERO_SHOT, BM25] if other in vector]
+            for method in family for other in [*baselines, ZERO_SHOT, BM25] if other in vector]
     if rows:
         adjusted = stats.false_discovery_control([row["p"] for row in rows])
         for row, p in zip(rows, adjusted, strict=True):

@@ -108,6 +108,52 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
                              text=True, timeout=300)
     assert refused.returncode != 0 and "rebuilt gives test nDCG@10" in refused.stderr
 
+    # A variant (--set negatives.*) is merged beside its method under its own --label. This
+    # one sets ANCE's own top_k again, so it reuses the finished run: the same run, renamed.
+    top_k = next(r for r in report["runs"] if r["method"] == "ance")["config"]["negatives"][
+        "top_k"]
+    labelled = subprocess.run([*common, "--methods", "ance", "--seeds", "7", "--set",
+                               f"negatives.top_k={top_k}", "--label", "ance-same-k", "--name",
+                               "variant"], capture_output=True, text=True, timeout=300)
+    assert labelled.returncode == 0, labelled.stdout[-3000:] + labelled.stderr[-3000:]
+    assert "ance seed 7: reusing the finished run" in labelled.stdout
+    result = subprocess.run([*combine, *files, str(out / "variant.json"), "--name", "variants"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    merged = json.loads((out / "variants.json").read_text())
+    assert merged["methods"] == ["in-batch", "ance", "ance-same-k"]
+    assert merged["variants"] == {"ance-same-k": {"method": "ance", "overrides": [
+        "training.learning_rate=3e-5", f"negatives.top_k={top_k}"]}}
+    assert merged["overrides"] == ["training.learning_rate=3e-5"]
+    assert merged["aggregate"]["ance-same-k"] == merged["aggregate"]["ance"]
+    assert "Variants: ance-same-k = ance with" in (out / "variants.md").read_text()
+    result = subprocess.run([*significance, str(out / "variants.json")], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {(c["method"], c["versus"]): c for c in json.loads(
+        (out / "variants-significance.json").read_text())["comparisons"]}
+    assert set(rows) == {(m, v) for m in ("ance", "ance-same-k")
+                         for v in ("in-batch", "zero-shot", "BM25")}
+    assert rows[("ance-same-k", "in-batch")]["delta"] == rows[("ance", "in-batch")]["delta"]
+    # The same method name with other overrides, or parts that differ outside negatives.*,
+    # are refused by name.
+    unlabelled = json.loads((out / "variant.json").read_text())
+    for run in unlabelled["runs"]:
+        run["method"], run["seed"] = "ance", 9
+    (out / "unlabelled.json").write_text(json.dumps(unlabelled))
+    refused = subprocess.run([*combine, files[1], str(out / "unlabelled.json")],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "name the variant with --label" in refused.stderr
+    other_data = json.loads(Path(files[0]).read_text())
+    other_data["overrides"] = [*other_data["overrides"], "data.dev_fraction=0.3"]
+    (out / "other-data.json").write_text(json.dumps(other_data))
+    refused = subprocess.run([*combine, files[1], str(out / "other-data.json")],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "outside negatives.*" in refused.stderr
+    two = subprocess.run([*common, "--methods", "ance", "in-batch", "--label", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert two.returncode == 2 and "--label names one method" in two.stderr
+
     # --runs-dir keeps what the analyses read and drops model checkpoints and caches.
     kept = tmp_path / "runs" / "ance-s7"
     assert not (kept / "work").exists()
