@@ -21,6 +21,10 @@ checkpoints and the services' work directories as well (about 1.3 GB per run). W
 ``--runs-dir`` reuses every run that already finished there with the same config, so an
 invocation that failed or was stopped loses none of its finished runs (``--retrain`` to
 train them again).
+
+A variant of a method (``--set negatives.top_k=20``) gets its own name with ``--label
+ance-top20``; ``--combine`` then merges it beside the method itself, and
+``bench/significance.py`` compares it with the baselines too.
 """
 
 from __future__ import annotations
