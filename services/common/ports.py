@@ -12,6 +12,7 @@ before any of them binds), so its own picks cannot collide either.
 
 from __future__ import annotations
 
+import itertools
 import random
 import socket
 from pathlib import Path
@@ -31,13 +32,14 @@ def ephemeral_port_low() -> int:
         return DEFAULT_EPHEMERAL_LOW
 
 
-def _bindable(port: int) -> bool:
+def _try_bind(port: int) -> int | None:
+    """Bind 127.0.0.1:``port`` (0: the kernel picks) and release it: the port, or None."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            return False
-    return True
+            return None
+        return int(sock.getsockname()[1])
 
 
 def free_port() -> int:
@@ -46,17 +48,13 @@ def free_port() -> int:
     Falls back to a kernel-assigned port when the ephemeral range leaves no room below it.
     """
     high = ephemeral_port_low()
-    if high - LOWEST_PICKED_PORT >= 1000:
-        for _ in range(_ATTEMPTS):
-            port = random.randrange(LOWEST_PICKED_PORT, high)
-            if port not in _handed_out and _bindable(port):
-                _handed_out.add(port)
-                return port
-    for _ in range(_ATTEMPTS):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _handed_out:
+    below_range = ((random.randrange(LOWEST_PICKED_PORT, high) for _ in range(_ATTEMPTS))
+                   if high - LOWEST_PICKED_PORT >= 1000 else ())
+    for candidate in itertools.chain(below_range, itertools.repeat(0, _ATTEMPTS)):
+        if candidate in _handed_out:
+            continue
+        port = _try_bind(candidate)
+        if port is not None and port not in _handed_out:
             _handed_out.add(port)
             return port
     raise OSError("no free loopback port that this process has not handed out already")
