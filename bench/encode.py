@@ -44,9 +44,9 @@ import numpy as np
 import torch
 from transformers import AutoModel, BertConfig, BertModel
 
-from ance_train.common.config import ModelConfig, default_model_path
-from ance_train.common.encoding import encode_texts, plan_batches, prepare_model
-from ance_train.common.model import BiEncoder, load_tokenizer
+from ance_train.config import ModelConfig, default_model_path
+from ance_train.modeling.encoding import encode_texts, plan_batches, prepare_model
+from ance_train.modeling.model import BiEncoder, load_tokenizer
 
 from report import command_line, machine, utc_now, write_report
 

@@ -2,14 +2,14 @@
 
 Synthetic clustered 384-d embeddings (a Gaussian mixture of N/100 unit centres, normalised;
 queries drawn next to random corpus points, which are their positives), at each corpus size.
-For each index type (``ance_train.indexer.ann.AnnIndex``, the indexer's own class) one
+For each index type (``ance_train.index.ann.AnnIndex``, the indexer's own class) one
 child process reads the corpus shard by shard (as the indexer reads embedding shards),
 builds the index, searches the training queries to the mining depth in batches (the
 indexer's path), runs ``Miner.mine`` (the indexer's mining code) and reports its peak RSS
 (``VmHWM``). Recall@10/@100 is measured against ``flat`` (exact) of the same run; times
 are also given as ratios to ``flat`` of the same run, since the machine is shared.
 
-The capacity model of ``ance-train plan`` (``ance_train.common.capacity``) is fitted on the
+The capacity model of ``ance-train plan`` (``ance_train.index.capacity``) is fitted on the
 smallest size (ops per second of each type and phase) and its predictions are checked on
 the larger sizes; its index-memory model is checked against the serialised FAISS index.
 
@@ -32,16 +32,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ance_train.common import capacity
-from ance_train.common.config import IndexConfig, NegativesConfig
-from ance_train.common.data import DatasetIndex
-from ance_train.common.synthetic import clustered_vectors, queries_near
-from ance_train.indexer.ann import AnnIndex, recall_at
-from ance_train.indexer.mining import Miner
+from ance_train.config import IndexConfig, NegativesConfig
+from ance_train.data.dataset import DatasetIndex
+from ance_train.index import capacity
+from ance_train.index.ann import AnnIndex, recall_at
+from ance_train.negatives.mining import Miner
 
 from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from support.synthetic import clustered_vectors, queries_near  # noqa: E402
+
 TYPES = ["flat", "ivf", "ivfpq", "hnsw"]
 SHARD = 10_000  # vectors per read (the indexer reads one embedding shard at a time)
 TRUTH_DEPTH = 100

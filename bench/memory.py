@@ -34,13 +34,15 @@ from pathlib import Path
 import psutil
 import yaml
 
-from ance_train.common import capacity
-from ance_train.common.config import IndexConfig
-from ance_train.common.synthetic import make_tiny_bert, write_beir
+from ance_train.config import IndexConfig
+from ance_train.index import capacity
 
 from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from support.synthetic import make_tiny_bert, write_beir  # noqa: E402
+
 POLL_S = 0.2
 
 
@@ -173,7 +175,7 @@ def measure(size: int, args: argparse.Namespace, model: Path, workdir: Path) -> 
 
 def mean_tokens(data: Path, model: Path, sample: int = 2000) -> dict[str, float]:
     """Mean tokens (after truncation to the run's lengths) of documents and queries."""
-    from ance_train.common.model import load_tokenizer
+    from ance_train.modeling.model import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     out = {}

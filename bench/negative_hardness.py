@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 from stored_run import StoredCheckpoint, load_checkpoint
 
-from ance_train.common.negatives import PAD, NegativesTable
+from ance_train.negatives.table import PAD, NegativesTable
 
 from report import command_line, machine, utc_now, write_report
 

@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ance_train.common.config import DataConfig, ModelConfig, default_model_path
-from ance_train.common.data import open_corpus, validate_dataset
-from ance_train.common.encoding import encode_texts, prepare_model
-from ance_train.common.evaluation import evaluate
-from ance_train.common.model import BiEncoder, load_tokenizer
+from ance_train.config import DataConfig, ModelConfig, default_model_path
+from ance_train.data.dataset import open_corpus, validate_dataset
+from ance_train.evaluation import evaluate
+from ance_train.modeling.encoding import encode_texts, prepare_model
+from ance_train.modeling.model import BiEncoder, load_tokenizer
 
 from report import command_line, machine, utc_now, write_report
 

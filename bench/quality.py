@@ -238,8 +238,8 @@ def bm25_runs(data: Path) -> tuple[dict, dict]:
     """bm25s with BEIR's k1=0.9, b=0.4: the top-1000 run and the qrels of dev and test."""
     import bm25s
 
-    from ance_train.common.config import DataConfig
-    from ance_train.common.data import Corpus, DatasetFiles, validate_dataset
+    from ance_train.config import DataConfig
+    from ance_train.data.dataset import Corpus, DatasetFiles, validate_dataset
 
     method_data = yaml.safe_load((METHODS_DIR / "ance.yaml").read_text())["data"]
     cfg = DataConfig(**{**method_data, "path": str(data.resolve())})
@@ -266,7 +266,7 @@ def bm25_runs(data: Path) -> tuple[dict, dict]:
 
 def bm25_reference(args: argparse.Namespace) -> dict:
     """BM25's metrics on the same dev slice and the test split."""
-    from ance_train.common.evaluation import evaluate
+    from ance_train.evaluation import evaluate
 
     runs, qrels = bm25_runs(args.data)
     return {split: evaluate(runs[split], qrels[split]) for split in runs}

@@ -35,11 +35,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ance_train.common import events
-from ance_train.common.config import default_model_path, load_config
-from ance_train.common.model import load_tokenizer
-from ance_train.common.refresh import eval_key
-from ance_train.launcher import EmbeddedRun
+from ance_train.config import default_model_path, load_config
+from ance_train.infra import bus as events
+from ance_train.launcher.embedded import EmbeddedRun
+from ance_train.modeling.model import load_tokenizer
+from ance_train.protocol.refresh import eval_key
 
 from report import command_line, machine, utc_now, write_report
 

@@ -29,7 +29,7 @@ from quality import ALL_METHODS, bm25_runs
 from scipy import stats
 from stored_run import find_run_dir, load_checkpoint
 
-from ance_train.common.evaluation import evaluate_per_query
+from ance_train.evaluation import evaluate_per_query
 
 from report import command_line, machine, utc_now, write_report
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ance_train.common.config import IndexConfig
-from ance_train.common.data import DatasetIndex
-from ance_train.common.refresh import query_order, unpack_embeddings
-from ance_train.indexer.ann import AnnIndex
+from ance_train.config import IndexConfig
+from ance_train.data.dataset import DatasetIndex
+from ance_train.index.ann import AnnIndex
+from ance_train.protocol.refresh import query_order, unpack_embeddings
 
 
 def find_run_dir(run_id: str, roots: list[Path]) -> Path:

@@ -41,14 +41,14 @@ import torch
 import yaml
 from transformers import get_linear_schedule_with_warmup
 
-from ance_train.common import events
-from ance_train.common.config import ModelConfig, default_model_path, load_config
-from ance_train.common.model import BiEncoder, load_tokenizer
-from ance_train.common.negatives import PAD, SOURCE_CODE, NegativesTable, uniform_probabilities
-from ance_train.common.redis_server import RedisServer
-from ance_train.common.refresh import negatives_key
-from ance_train.common.runtime import ServiceContext, ServiceOptions, prepare_dataset
-from ance_train.common.storage import LocalStore
+from ance_train.config import ModelConfig, default_model_path, load_config
+from ance_train.infra import bus as events
+from ance_train.infra.store import LocalStore
+from ance_train.launcher.redis_server import RedisServer
+from ance_train.modeling.model import BiEncoder, load_tokenizer
+from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable, uniform_probabilities
+from ance_train.protocol.refresh import negatives_key
+from ance_train.runtime import ServiceContext, ServiceOptions, prepare_dataset
 from ance_train.trainer.loss import contrastive_nll
 from ance_train.trainer.trainer import Trainer
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Regenerate services/common/proto/*_pb2*.py from proto/. The generated files are committed;
+# Regenerate src/ance_train/infra/proto/*_pb2*.py from proto/. The generated files are committed;
 # tests/test_rpc.py checks they match what this script produces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-services/common/proto}"
+out="${1:-src/ance_train/infra/proto}"
 python -m grpc_tools.protoc -Iproto --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
   proto/ance/v1/ance.proto
 # protoc writes ance/v1/ance_pb2.py; flatten into the package and make the import relative.

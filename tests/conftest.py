@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import events
-from ance_train.common.redis_server import RedisServer
+from ance_train.infra import bus as events
+from ance_train.launcher.redis_server import RedisServer
 
 from helpers import make_scifact_subset, make_tiny_bert
 from servers import moto_server

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ance_train.common import events
-from ance_train.common.data import load_dataset_index
-from ance_train.common.refresh import CORPUS, QUERIES, RefreshPlan, unpack_embeddings
+from ance_train.data.dataset import load_dataset_index
+from ance_train.infra import bus as events
+from ance_train.protocol.refresh import CORPUS, QUERIES, RefreshPlan, unpack_embeddings
 
 from service_harness import Harness, stop, wait_until
 

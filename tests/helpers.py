@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from ance_train.common.synthetic import make_tiny_bert  # noqa: F401 - re-exported
+from support.synthetic import make_tiny_bert  # noqa: F401 - re-exported
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = Path(os.environ.get("ANCE_SCIFACT_DIR", REPO.parent / "shared" / "data" / "scifact"))

@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-from ance_train.common.ports import free_port
+from ance_train.launcher.ports import free_port
 
 MOTO_ACCESS_KEY = "testing"
 MOTO_SECRET_KEY = "testing-secret"

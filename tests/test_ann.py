@@ -1,11 +1,11 @@
-"""Tests of the FAISS inner-product index (services/indexer/ann.py) against brute force."""
+"""Tests of the FAISS inner-product index (src/ance_train/index/ann.py) against brute force."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ance_train.indexer.ann import AnnIndex, Superseded
+from ance_train.index.ann import AnnIndex, Superseded
 
 DIM = 16
 

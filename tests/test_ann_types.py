@@ -1,4 +1,4 @@
-"""Index types of services/indexer/ann.py (flat, ivf, ivfpq, hnsw) on clustered data: shapes,
+"""Index types of src/ance_train/index/ann.py (flat, ivf, ivfpq, hnsw) on clustered data: shapes,
 recall against flat, batched search, cosine, exact candidate scores, and configuration errors."""
 
 from __future__ import annotations
@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ance_train.common.config import ConfigError, IndexConfig, parse_config
-from ance_train.common.synthetic import clustered_vectors, queries_near
-from ance_train.indexer import ann
-from ance_train.indexer.ann import AnnIndex, recall_at
+from ance_train.config import ConfigError, IndexConfig, parse_config
+from ance_train.index import ann
+from ance_train.index.ann import AnnIndex, recall_at
+
+from support.synthetic import clustered_vectors, queries_near
 
 DIM = 32
 DOCS = 6000

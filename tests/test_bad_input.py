@@ -18,11 +18,11 @@ import grpc
 import numpy as np
 import pytest
 
-from ance_train.common.config import DataConfig
-from ance_train.common.data import open_corpus, validate_dataset
-from ance_train.common.rpc import MAX_MESSAGE_BYTES, GrpcServer, ServiceState, search
-from ance_train.indexer.ann import AnnIndex
+from ance_train.config import DataConfig
+from ance_train.data.dataset import open_corpus, validate_dataset
+from ance_train.index.ann import AnnIndex
 from ance_train.indexer.search_service import MAX_K, MAX_QUERIES, SearchService, ServedIndex
+from ance_train.infra.rpc import MAX_MESSAGE_BYTES, GrpcServer, ServiceState, search
 
 from helpers import write_config
 

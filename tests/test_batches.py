@@ -1,4 +1,4 @@
-"""Tests of the training batch builder (services/trainer/batches.py)."""
+"""Tests of the training batch builder (src/ance_train/trainer/batches.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ance_train.common.data import DatasetIndex
-from ance_train.common.negatives import PAD, SOURCE_CODE, NegativesTable, uniform_probabilities
+from ance_train.data.dataset import DatasetIndex
+from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable, uniform_probabilities
 from ance_train.trainer.batches import BatchBuilder, TrainingBatch
 
 # q1 and q2 share document 2 as a positive; q4 has two positives.

@@ -1,4 +1,4 @@
-"""The arithmetic of ``ance-train plan`` (services/common/capacity.py) on known inputs, and its
+"""The arithmetic of ``ance-train plan`` (src/ance_train/index/capacity.py) on known inputs, and its
 index-memory model against real FAISS indexes."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ance_train.cli import app
-from ance_train.common import capacity
-from ance_train.common.capacity import IndexRates, Workload, index_bytes, index_work, plan
-from ance_train.common.config import IndexConfig, parse_config
-from ance_train.common.synthetic import clustered_vectors
-from ance_train.indexer.ann import AnnIndex
+from ance_train.config import IndexConfig, parse_config
+from ance_train.index import capacity
+from ance_train.index.ann import AnnIndex
+from ance_train.index.capacity import IndexRates, Workload, index_bytes, index_work, plan
+
+from support.synthetic import clustered_vectors
 
 RATES = IndexRates({key: 1e9 for key in capacity.DEFAULT_RATES} | {"mine": 1e6}, "test")
 

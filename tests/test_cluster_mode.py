@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import events
-from ance_train.common.credentials import redact_url
-from ance_train.common.redis_server import RedisServer
+from ance_train.infra import bus as events
+from ance_train.infra.credentials import redact_url
+from ance_train.launcher.redis_server import RedisServer
 
 from service_harness import Harness, stop, wait_registered
 

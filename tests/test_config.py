@@ -1,4 +1,4 @@
-"""Tests of the run configuration (services/common/config.py)."""
+"""Tests of the run configuration (src/ance_train/config.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ance_train.common.config import (
+from ance_train.config import (
     ConfigError,
     RunConfig,
     default_model_path,

@@ -1,4 +1,4 @@
-"""Tests of the dataset readers and validation (services/common/data.py)."""
+"""Tests of the dataset readers and validation (src/ance_train/data/dataset.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_train.common.config import DataConfig
-from ance_train.common.data import (
+from ance_train.config import DataConfig
+from ance_train.data.dataset import (
     MAX_ERRORS,
     Corpus,
     DataError,
@@ -453,7 +453,7 @@ def test_empty_documents_are_accepted_with_warning(
         _doc("t-only", "", title="Just a title"),
     ]
     root = make_beir(tmp_path / "data", corpus=corpus, train=[*_train_lines(), "q4\te2\t1"])
-    with caplog.at_level(logging.WARNING, logger="ance_train.common.data"):
+    with caplog.at_level(logging.WARNING, logger="ance_train.data.dataset"):
         index = validate_dataset(cfg_for(root, dev_fraction=0.0), tmp_path / "cache")
     assert index.empty_doc_count == 3
     expected = 'corpus.jsonl: 3 documents have empty text: "e1", "e2", "e3"'

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import events
-from ance_train.common.refresh import eval_key, negatives_key
+from ance_train.infra import bus as events
+from ance_train.protocol.refresh import eval_key, negatives_key
 
 from fault_report import record_fault
 from service_harness import Harness, stop, wait_until

@@ -18,17 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_train.common.config import load_config
-from ance_train.common.data import load_dataset_index
-from ance_train.common.negatives import PAD, NegativesTable
-from ance_train.common.refresh import (
+from ance_train.config import load_config
+from ance_train.data.dataset import load_dataset_index
+from ance_train.infra.store import store_from_env
+from ance_train.negatives.table import PAD, NegativesTable
+from ance_train.protocol.refresh import (
     CORPUS,
     QUERIES,
     RefreshPlan,
     negatives_key,
     unpack_embeddings,
 )
-from ance_train.common.storage import store_from_env
 
 from helpers import write_config
 from service_harness import wait_until
@@ -88,7 +88,7 @@ def search_while_running(process, config_path: Path, env: dict, statuses: list[d
     """Query the live indexer once it serves an index: CLI by text, gRPC by embedding."""
     import grpc
 
-    from ance_train.common.rpc import fetch_status, search
+    from ance_train.infra.rpc import fetch_status, search
 
     address = next(r["address"] for r in statuses if r["service"].startswith("indexer:"))
     wait_until(lambda: process.poll() is None and fetch_status(address).index_step >= 0, 120,

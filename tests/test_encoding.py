@@ -10,16 +10,16 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from ance_train.common import encoding
-from ance_train.common.config import default_model_path
-from ance_train.common.encoding import (
+from ance_train.config import default_model_path
+from ance_train.modeling import encoding
+from ance_train.modeling.encoding import (
     cpu_has_native_bf16,
     encode_texts,
     plan_batches,
     prepare_model,
     resolve_precision,
 )
-from ance_train.common.model import BiEncoder, load_tokenizer
+from ance_train.modeling.model import BiEncoder, load_tokenizer
 
 TEXTS = [
     "Dense retrieval with approximate nearest neighbour negatives.",

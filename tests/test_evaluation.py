@@ -1,4 +1,4 @@
-"""Tests of the retrieval metrics (services/common/evaluation.py) against hand computations."""
+"""Tests of the retrieval metrics (src/ance_train/evaluation.py) against hand computations."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ance_train.common.evaluation import evaluate, evaluate_per_query
+from ance_train.evaluation import evaluate, evaluate_per_query
 
 LOG2_3 = math.log2(3)
 

@@ -1,11 +1,11 @@
-"""Tests of the event bus and the shard work queue on a real Redis server (common/events.py)."""
+"""Tests of the event bus and the shard work queue on a real Redis server (infra/bus.py)."""
 
 from __future__ import annotations
 
 import time
 
-from ance_train.common import events
-from ance_train.common.events import EventBus, WorkQueue
+from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, WorkQueue
 
 EVENT = events.CHECKPOINT_PUBLISHED
 

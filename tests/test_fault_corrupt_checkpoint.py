@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import events
+from ance_train.infra import bus as events
 
 from fault_report import record_fault
 from fault_run import entry_ms

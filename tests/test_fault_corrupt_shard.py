@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_train.common import events
-from ance_train.common.refresh import CORPUS, embedding_key, unpack_embeddings
-from ance_train.common.storage import CorruptObject
+from ance_train.infra import bus as events
+from ance_train.infra.store import CorruptObject
+from ance_train.protocol.refresh import CORPUS, embedding_key, unpack_embeddings
 
 from fault_report import record_fault
 from fault_run import (

@@ -1,7 +1,7 @@
 """Redis SIGKILLed in the middle of a refresh and restarted on the same port and directory.
 
 Trainer, two inferencers and the indexer run as OS processes against a real redis-server with
-append-only persistence (``appendfsync always``, see ``common/redis_server.py``). While
+append-only persistence (``appendfsync always``, see ``ance_train/launcher/redis_server.py``). While
 checkpoint 0's shards are still pending, Redis is killed with SIGKILL and started again a few
 seconds later from its AOF. Every service must ride out the outage (none exits), reconnect
 with backoff, and the run must finish with nothing lost.
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import events
-from ance_train.common.ports import free_port
-from ance_train.common.redis_server import RedisServer
+from ance_train.infra import bus as events
+from ance_train.launcher.ports import free_port
+from ance_train.launcher.redis_server import RedisServer
 
 from fault_report import record_fault
 from fault_run import (

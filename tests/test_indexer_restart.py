@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import events
-from ance_train.common.refresh import RefreshPlan, eval_key, negatives_key
-from ance_train.common.rpc import fetch_status
+from ance_train.infra import bus as events
+from ance_train.infra.rpc import fetch_status
+from ance_train.protocol.refresh import RefreshPlan, eval_key, negatives_key
 from ance_train.trainer.trainer import SUMMARY_KEY
 
 from fault_report import record_fault

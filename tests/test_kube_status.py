@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ance_train.common import events
-from ance_train.common.kube import KubeSettings, RunReporter
-from ance_train.common.redis_server import RedisServer
-from ance_train.common.refresh import eval_key
+from ance_train.infra import bus as events
+from ance_train.launcher.redis_server import RedisServer
+from ance_train.observability.kube import KubeSettings, RunReporter
+from ance_train.protocol.refresh import eval_key
 
 from helm_render import NAMESPACE, find, one, render_chart
 from helpers import write_config

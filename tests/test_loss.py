@@ -1,4 +1,4 @@
-"""Tests of the contrastive NLL loss (services/trainer/loss.py) and the temperature."""
+"""Tests of the contrastive NLL loss (src/ance_train/trainer/loss.py) and the temperature."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ance_train.common.config import ModelConfig
-from ance_train.common.model import BiEncoder, load_tokenizer
+from ance_train.config import ModelConfig
+from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.trainer.loss import contrastive_nll
 
 SCORES = [[2.0, 1.0, 0.5, -0.25], [0.3, 1.5, -1.0, 0.75]]

@@ -1,4 +1,4 @@
-"""Tests of the bi-encoder and its checkpoints (services/common/model.py)."""
+"""Tests of the bi-encoder and its checkpoints (src/ance_train/modeling/model.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ance_train.common.config import ModelConfig
-from ance_train.common.model import (
+from ance_train.config import ModelConfig
+from ance_train.modeling.model import (
     HEAD_FILE,
     META_FILE,
     BiEncoder,

@@ -1,4 +1,4 @@
-"""Tests of the negatives table (services/common/negatives.py) and mining (indexer/mining.py)."""
+"""Tests of the negatives table (negatives/table.py) and mining (negatives/mining.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ance_train.common.config import DataConfig
-from ance_train.common.data import Corpus, DatasetFiles, DatasetIndex, validate_dataset
-from ance_train.common.negatives import (
+from ance_train.config import DataConfig
+from ance_train.data.dataset import Corpus, DatasetFiles, DatasetIndex, validate_dataset
+from ance_train.negatives.mining import ance_negatives, bm25_negatives
+from ance_train.negatives.table import (
     PAD,
     SOURCE_CODE,
     NegativesTable,
@@ -20,7 +21,6 @@ from ance_train.common.negatives import (
     remove_positives,
     uniform_probabilities,
 )
-from ance_train.indexer.mining import ance_negatives, bm25_negatives
 
 
 def _table(probabilities: np.ndarray | None = None) -> NegativesTable:

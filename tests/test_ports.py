@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import ports
+from ance_train.launcher import ports
 
 
 def test_picked_ports_lie_below_the_ephemeral_range_and_are_bindable() -> None:

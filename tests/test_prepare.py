@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from ance_train.common import events
-from ance_train.common.data import validate_dataset
-from ance_train.common.redis_server import RedisServer
-from ance_train.common.runtime import DATASET_INDEX_FILE, DATASET_INDEX_KEY, DOC_OFFSETS_KEY
+from ance_train.data.dataset import validate_dataset
+from ance_train.infra import bus as events
+from ance_train.launcher.redis_server import RedisServer
+from ance_train.runtime import DATASET_INDEX_FILE, DATASET_INDEX_KEY, DOC_OFFSETS_KEY
 
 from helpers import write_config
 from service_harness import Harness, stop, wait_registered, wait_until

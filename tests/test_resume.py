@@ -19,15 +19,15 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import get_linear_schedule_with_warmup
 
-from ance_train.common import events
-from ance_train.common.config import ModelConfig, load_config
-from ance_train.common.model import BiEncoder, load_tokenizer
-from ance_train.common.refresh import checkpoint_prefix
-from ance_train.common.runtime import ServiceContext, ServiceOptions
-from ance_train.common.storage import LocalStore, store_from_env
-from ance_train.common.tensor_state import StateFormatError, load_state, save_state
-from ance_train.launcher import EmbeddedRun, RunAborted
+from ance_train.config import ModelConfig, load_config
+from ance_train.infra import bus as events
+from ance_train.infra.store import LocalStore, store_from_env
+from ance_train.launcher.embedded import EmbeddedRun, RunAborted
+from ance_train.modeling.model import BiEncoder, load_tokenizer
+from ance_train.protocol.refresh import checkpoint_prefix
+from ance_train.runtime import ServiceContext, ServiceOptions
 from ance_train.trainer.checkpoints import latest_complete_checkpoint
+from ance_train.trainer.tensor_state import StateFormatError, load_state, save_state
 from ance_train.trainer.trainer import SUMMARY_KEY, Trainer
 from ance_train.trainer.training_state import (
     STATE_JSON,

@@ -1,4 +1,4 @@
-"""Tests of the gRPC plumbing over loopback (common/rpc.py) and of the generated proto code."""
+"""Tests of the gRPC plumbing over loopback (infra/rpc.py) and of the generated proto code."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ance_train.common.proto import ance_pb2
-from ance_train.common.rpc import GrpcServer, ServiceState, check_health, fetch_status
+from ance_train.infra.proto import ance_pb2
+from ance_train.infra.rpc import GrpcServer, ServiceState, check_health, fetch_status
 
 REPO = Path(__file__).resolve().parents[1]
-PROTO_PACKAGE = REPO / "services" / "common" / "proto"
+PROTO_PACKAGE = REPO / "src" / "ance_train" / "infra" / "proto"
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import BertConfig, BertModel
 
-from ance_train.common.config import ModelConfig
-from ance_train.common.model import BiEncoder, ModelLoadError
-from ance_train.common.storage import LocalStore, ObjectStore, S3Store, StorageError
+from ance_train.config import ModelConfig
+from ance_train.infra.store import LocalStore, ObjectStore, S3Store, StorageError
+from ance_train.modeling.model import BiEncoder, ModelLoadError
 
 
 class _Payload:

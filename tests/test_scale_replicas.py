@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ance_train.common import events
+from ance_train.infra import bus as events
 
 from service_harness import Harness, stop, wait_until
 

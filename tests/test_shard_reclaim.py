@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_train.common import events
-from ance_train.common.model import BiEncoder, load_tokenizer
-from ance_train.common.refresh import CORPUS, checkpoint_prefix, embedding_key, unpack_embeddings
+from ance_train.infra import bus as events
+from ance_train.modeling.model import BiEncoder, load_tokenizer
+from ance_train.protocol.refresh import CORPUS, checkpoint_prefix, embedding_key, unpack_embeddings
 
 from fault_report import record_fault
 from service_harness import Harness, stop, wait_until
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.fault
 
 CLAIM_AND_HANG = textwrap.dedent("""
     import sys, time
-    from ance_train.common import events
+    from ance_train.infra import bus as events
     bus = events.EventBus(events.connect(sys.argv[1]), sys.argv[2])
     queue = events.WorkQueue(bus, claim_timeout_s=float(sys.argv[3]))
     item = None
@@ -94,7 +94,7 @@ def test_killed_replica_item_is_reclaimed_and_finished(tmp_path: Path, redis_ser
 
 
 def validate_ids(harness: Harness) -> list[str]:
-    from ance_train.common.data import Corpus, DatasetFiles
+    from ance_train.data.dataset import Corpus, DatasetFiles
 
     corpus = Corpus(DatasetFiles.resolve(harness.config.data), harness.root / "cache" /
                     "doc_offsets.npy", harness.config.data.format)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ance_train.common.config import load_config
+from ance_train.config import load_config
 
 from helpers import REPO
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import storage
-from ance_train.common.storage import (
+from ance_train.infra import store as storage
+from ance_train.infra.store import (
     MANIFEST_NAME,
     CorruptObject,
     InvalidKey,

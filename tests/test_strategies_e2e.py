@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_train.common.config import load_config
-from ance_train.common.data import load_dataset_index
-from ance_train.common.negatives import PAD, SOURCE_CODE, NegativesTable
-from ance_train.common.storage import LocalStore
-from ance_train.indexer.strategies import simans_probabilities
+from ance_train.config import load_config
+from ance_train.data.dataset import load_dataset_index
+from ance_train.infra.store import LocalStore
+from ance_train.negatives.strategies import simans_probabilities
+from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable
 
 from helpers import write_config
 

@@ -18,24 +18,24 @@ import torch
 from scipy import stats
 from torch.nn import functional
 
-from ance_train.common.config import NegativesConfig
-from ance_train.common.data import DatasetIndex
-from ance_train.common.negatives import (
-    PAD,
-    SOURCE_CODE,
-    NegativesTable,
-    source_counts,
-    uniform_probabilities,
-)
-from ance_train.indexer.ann import AnnIndex
+from ance_train.config import NegativesConfig
+from ance_train.data.dataset import DatasetIndex
+from ance_train.index.ann import AnnIndex
 from ance_train.indexer.diagnostics import Diagnostics, reciprocal_ranks
-from ance_train.indexer.mining import Miner, mine_dual
-from ance_train.indexer.strategies import (
+from ance_train.negatives.mining import Miner, mine_dual
+from ance_train.negatives.strategies import (
     drop_near_positive,
     dual_query_negatives,
     first_seen,
     mix_rows,
     simans_probabilities,
+)
+from ance_train.negatives.table import (
+    PAD,
+    SOURCE_CODE,
+    NegativesTable,
+    source_counts,
+    uniform_probabilities,
 )
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.loss import contrastive_nll, layer_grad_norms

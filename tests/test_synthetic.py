@@ -1,4 +1,4 @@
-"""Synthetic inputs (services/common/synthetic.py): a valid BEIR dataset and clustered
+"""Synthetic inputs (tests/support/synthetic.py): a valid BEIR dataset and clustered
 embeddings whose nearest neighbours are structured."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ance_train.common.config import DataConfig
-from ance_train.common.data import validate_dataset
-from ance_train.common.synthetic import clustered_vectors, queries_near, write_beir
+from ance_train.config import DataConfig
+from ance_train.data.dataset import validate_dataset
+
+from support.synthetic import clustered_vectors, queries_near, write_beir
 
 
 def test_written_beir_dataset_validates(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.common import events
-from ance_train.common.rpc import fetch_status
+from ance_train.infra import bus as events
+from ance_train.infra.rpc import fetch_status
 from ance_train.trainer.checkpoints import latest_complete_checkpoint
 from ance_train.trainer.trainer import SUMMARY_KEY
 

@@ -1,4 +1,4 @@
-"""Pipelined upload (services/inferencer/uploader.py): real Redis, real local store."""
+"""Pipelined upload (src/ance_train/inferencer/uploader.py): real Redis, real local store."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_train.common import events
-from ance_train.common.refresh import CORPUS, embedding_key, unpack_embeddings
-from ance_train.common.storage import LocalStore, StorageError
 from ance_train.inferencer.uploader import EncodedShard, ShardUploader
+from ance_train.infra import bus as events
+from ance_train.infra.store import LocalStore, StorageError
+from ance_train.protocol.refresh import CORPUS, embedding_key, unpack_embeddings
 
 STEP = 3
 

@@ -1,0 +1,347 @@
+"""The ``ance-train`` command line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:  # the CLI imports the heavy modules lazily, per command
+    from ance_train.data.dataset import DatasetIndex
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Train dense retrievers with asynchronously refreshed ANN negatives.")
+# soft_wrap: a message is never broken at the terminal width (80 columns when not a TTY),
+# so a long path and what is said about it stay on one line for logs and grep.
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class Role(StrEnum):
+    trainer = "trainer"
+    inferencer = "inferencer"
+    indexer = "indexer"
+
+
+def _load(config: Path):
+    from ance_train.config import ConfigError, load_config
+
+    try:
+        return load_config(config)
+    except ConfigError as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
+
+
+def _check_environment(service: bool = True) -> None:
+    """Settings from the environment, checked before a process connects anywhere."""
+    from ance_train.infra.credentials import CredentialsError, require_cluster_credentials
+    from ance_train.observability.kube import KubeConfigError, KubeSettings
+    from ance_train.observability.metrics import MetricsConfigError, metrics_port
+    from ance_train.runtime import dataset_timeout_s
+
+    try:
+        require_cluster_credentials()
+        if service:
+            metrics_port()
+            KubeSettings.from_env()
+            dataset_timeout_s()
+    except (CredentialsError, KubeConfigError, MetricsConfigError, ValueError) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
+
+
+def _connect_run(config: Path | None, redis_url: str | None, run_id: str | None):
+    """The event bus of a run, from an embedded run's config or explicit endpoints."""
+    from ance_train.infra import bus as events
+
+    if config is not None:
+        cfg = _load(config)
+        run_id = run_id or cfg.run_id
+        endpoints = Path(cfg.output_dir) / cfg.run_id / "endpoints.json"
+        if redis_url is None and endpoints.is_file():
+            redis_url = json.loads(endpoints.read_text())["redis_url"]
+    if redis_url is None or run_id is None:
+        err.print("[red]error:[/] give --config of an embedded run, or --redis-url and --run-id")
+        raise typer.Exit(2)
+    client = events.connect(redis_url)  # AUTH with ANCE_REDIS_PASSWORD when set
+    try:
+        client.ping()
+    except events.RedisAuthError as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    return events.EventBus(client, run_id), run_id
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run configuration (YAML).")],
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing run directory.")] = False,
+    max_minutes: Annotated[float | None, typer.Option(help="Abort after this long.")] = None,
+) -> None:
+    """Run trainer, inferencers and indexer as local processes (the embedded mode)."""
+    from ance_train.data.dataset import DataError
+    from ance_train.launcher.embedded import EmbeddedRun, RunAborted
+    from ance_train.modeling.model import ModelLoadError
+
+    cfg = _load(config)
+    # Both signals stop the run, whatever disposition was inherited: a shell that starts a job
+    # in the background (`cmd &` in a script) ignores SIGINT for it, and then a `kill -INT`
+    # or Ctrl-C would otherwise leave every service running.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    try:
+        EmbeddedRun(cfg, config, overwrite=overwrite, max_minutes=max_minutes).execute()
+    except (DataError, ModelLoadError, RunAborted) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted: all services stopped[/]")
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def serve(
+    role: Annotated[Role, typer.Argument(help="Which service this process runs.")],
+    config: Annotated[Path, typer.Option("--config", envvar="ANCE_CONFIG")],
+    redis_url: Annotated[str, typer.Option("--redis-url", envvar="ANCE_REDIS_URL")],
+    work_dir: Annotated[Path, typer.Option("--work-dir", envvar="ANCE_WORK_DIR")] = Path(
+        "/tmp/ance-work"),
+    instance: Annotated[str | None, typer.Option("--instance", envvar="ANCE_INSTANCE",
+                                                 help="Replica name (default: host name).")] = None,
+    host: Annotated[str, typer.Option("--host", envvar="ANCE_GRPC_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", envvar="ANCE_GRPC_PORT")] = 0,
+    store_dir: Annotated[str | None, typer.Option("--store-dir", envvar="ANCE_STORE_DIR")] = None,
+) -> None:
+    """Run one service (what each Kubernetes pod and each embedded child process runs)."""
+    import socket
+
+    from ance_train.infra.bus import RedisAuthError
+    from ance_train.infra.credentials import redact
+    from ance_train.infra.store import StorageError
+    from ance_train.runtime import DatasetNotPublished, ServiceContext, ServiceOptions
+
+    _check_environment()  # fail fast with a clear message before connecting anywhere
+    _load(config)
+    options = ServiceOptions(role=role.value, config_path=str(config), redis_url=redis_url,
+                             work_dir=str(work_dir), instance=instance or socket.gethostname(),
+                             grpc_host=host, grpc_port=port, store_dir=store_dir)
+    try:
+        ctx = ServiceContext(options)
+    except (RedisAuthError, DatasetNotPublished, StorageError) as error:
+        err.print(f"[red]error:[/] {redact(str(error))}")
+        raise typer.Exit(1) from None
+    if role is Role.trainer:
+        from ance_train.trainer.trainer import serve as serve_role
+    elif role is Role.inferencer:
+        from ance_train.inferencer.inferencer import serve as serve_role
+    else:
+        from ance_train.indexer.indexer import serve as serve_role
+    sys.exit(ctx.run(serve_role))
+
+
+@app.command()
+def prepare(
+    config: Annotated[Path, typer.Option("--config", "-c", envvar="ANCE_CONFIG")],
+    store_dir: Annotated[str | None, typer.Option("--store-dir", envvar="ANCE_STORE_DIR")] = None,
+) -> None:
+    """Validate the dataset and publish its index to the object store (the trainer pod's init
+    step; running it again is harmless)."""
+    import tempfile
+
+    from ance_train.data.dataset import DataError
+    from ance_train.infra.store import StorageError, store_from_env
+    from ance_train.runtime import prepare_dataset
+
+    _check_environment(service=False)
+    cfg = _load(config)
+    try:
+        store = store_from_env(cfg.run_id, store_dir)
+        with tempfile.TemporaryDirectory() as cache:
+            index = prepare_dataset(cfg, store, Path(cache))
+    except (DataError, StorageError) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    console.print(f"published the dataset index of run {cfg.run_id} to {store!r}: "
+                  f"{_describe_dataset(index)}")
+
+
+def _describe_dataset(index: DatasetIndex) -> str:
+    """Print the dataset's warnings; return its counts for the command's own message."""
+    for warning in index.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    return (f"{index.num_docs} docs, {len(index.train)} train / {len(index.dev)} dev / "
+            f"{len(index.test)} test queries")
+
+
+@app.command()
+def validate(config: Annotated[Path, typer.Option("--config", "-c")]) -> None:
+    """Validate the configuration and the dataset, then print what was found."""
+    import tempfile
+
+    from ance_train.data.dataset import DataError, validate_dataset
+    from ance_train.modeling.model import ModelLoadError, check_encoder
+
+    cfg = _load(config)
+    try:
+        check_encoder(cfg.model.path)
+        with tempfile.TemporaryDirectory() as cache:
+            index = validate_dataset(cfg.data, Path(cache), seed=cfg.data.split_seed)
+    except (DataError, ModelLoadError) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    console.print(f"ok: {_describe_dataset(index)}")
+
+
+@app.command()
+def status(
+    config: Annotated[Path | None, typer.Option("--config", "-c")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="ANCE_REDIS_URL")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", envvar="ANCE_RUN_ID")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Print the state of a run, asked of every registered service over gRPC."""
+    from ance_train.infra.rpc import fetch_status
+
+    bus, run_id = _connect_run(config, redis_url, run_id)
+    rows = []
+    for name, address in bus.services().items():
+        try:
+            reply = fetch_status(address)
+            rows.append({"service": name, "address": address, "state": reply.state,
+                         "step": reply.step, "checkpoint": reply.checkpoint_step,
+                         "index": reply.index_step, "phase": reply.progress.phase,
+                         "progress": f"{reply.progress.done}/{reply.progress.total}",
+                         "metrics": dict(reply.metrics)})
+        except Exception as error:
+            rows.append({"service": name, "address": address, "state": "unreachable",
+                         "error": str(error)})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"run {run_id}")
+    for column in ("service", "state", "step", "checkpoint", "index", "phase", "progress"):
+        table.add_column(column)
+    table.add_column("metrics")
+    for row in rows:
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(row.get("metrics", {}).items())[:6])
+        table.add_row(*(str(row.get(c, "")) for c in ("service", "state", "step", "checkpoint",
+                                                       "index", "phase", "progress")), metrics)
+    console.print(table)
+    if not rows:
+        err.print("no service of this run is registered (not started, or stopped)")
+        raise typer.Exit(1)
+
+
+@app.command()
+def search(
+    query: Annotated[list[str], typer.Argument(help="Query text(s).")],
+    config: Annotated[Path | None, typer.Option("--config", "-c")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="ANCE_REDIS_URL")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", envvar="ANCE_RUN_ID")] = None,
+    k: Annotated[int, typer.Option("-k", help="Hits per query.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Search the latest index of a running run (the indexer's Retrieval.Search)."""
+    import grpc
+
+    from ance_train.infra.rpc import search as search_rpc
+
+    bus, _ = _connect_run(config, redis_url, run_id)
+    address = next((a for name, a in bus.services().items() if name.startswith("indexer:")),
+                   None)
+    if address is None:
+        err.print("[red]error:[/] no indexer of this run is registered")
+        raise typer.Exit(1)
+    try:
+        reply = search_rpc(address, queries=list(query), k=k)
+    except grpc.RpcError as error:
+        err.print(f"[red]error:[/] {error.code().name}: {error.details()}")
+        raise typer.Exit(1) from None
+    results = [[{"doc_id": h.doc_id, "score": h.score} for h in hits.hits]
+               for hits in reply.results]
+    if as_json:
+        print(json.dumps({"index_step": reply.index_step, "results": results}))
+        return
+    for text, hits in zip(query, results, strict=True):
+        console.print(f"[bold]{text}[/] (index of checkpoint {reply.index_step})")
+        for rank, hit in enumerate(hits, 1):
+            console.print(f"  {rank:>3}. {hit['doc_id']}  {hit['score']:.4f}")
+
+
+class IndexType(StrEnum):
+    flat = "flat"
+    ivf = "ivf"
+    ivfpq = "ivfpq"
+    hnsw = "hnsw"
+
+
+@app.command()
+def plan(
+    docs: Annotated[int, typer.Option(min=1, help="Corpus size (documents).")],
+    train_queries: Annotated[int, typer.Option(min=1, help="Training queries mined per refresh.")],
+    replicas: Annotated[int, typer.Option(min=1, help="Inferencer replicas.")] = 1,
+    docs_per_s: Annotated[float | None, typer.Option(
+        min=0.001, help="Measured docs/s of one replica at --doc-tokens.")] = None,
+    throughput_json: Annotated[Path | None, typer.Option(
+        help="Take docs/s from a bench/encode.py or bench/refresh_scaling.py report "
+             "(rescaled to --doc-tokens).")] = None,
+    dim: Annotated[int, typer.Option(min=1, help="Embedding dimension.")] = 384,
+    doc_tokens: Annotated[int, typer.Option(
+        min=1, help="Mean tokens per document after truncation (at most max_doc_length).")] = 256,
+    query_tokens: Annotated[int, typer.Option(min=1)] = 32,
+    eval_queries: Annotated[int, typer.Option(min=0, help="Dev + test queries evaluated.")] = 0,
+    index_type: Annotated[IndexType | None, typer.Option(help="Overrides the config's.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Run configuration: index settings, shard sizes, depths.")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        help="docs/benchmarks/indexer.json of this kind of machine (index rates).")] = None,
+    store_mb_s: Annotated[float, typer.Option(min=0.001, help="Object store MB/s.")] = 200.0,
+    model_params: Annotated[int | None, typer.Option(
+        min=1, help="Encoder parameters (default: all-MiniLM-L6-v2).")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Predict the refresh period, storage per checkpoint and index memory of a run."""
+    from ance_train.index import capacity
+
+    if (docs_per_s is None) == (throughput_json is None):
+        err.print("[red]error:[/] give exactly one of --docs-per-s and --throughput-json")
+        raise typer.Exit(2)
+    try:
+        rate = docs_per_s
+        if throughput_json is not None:
+            measured, tokens = capacity.throughput_from_benchmark(throughput_json)
+            rate = capacity.scale_throughput(measured, tokens, doc_tokens)
+        rates = (capacity.IndexRates.from_benchmark(calibration) if calibration
+                 else capacity.IndexRates())
+        assert rate is not None
+        load = capacity.workload(docs=docs, dim=dim, replicas=replicas, docs_per_s=rate,
+                                 train_queries=train_queries, eval_queries=eval_queries,
+                                 doc_tokens=doc_tokens, query_tokens=query_tokens,
+                                 store_mb_s=store_mb_s, model_params=model_params,
+                                 config=_load(config) if config else None,
+                                 index_type=index_type.value if index_type else None)
+        result = capacity.plan(load, rates)
+    except (OSError, ValueError, KeyError) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps({"workload": capacity.describe(load), "rates": rates.source,
+                          **result.to_dict()}, indent=2))
+        return
+    console.print(capacity.render(load, result, rates))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""FAISS indexes (``ann``) and the capacity model of ``ance-train plan`` (``capacity``)."""

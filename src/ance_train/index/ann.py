@@ -1,0 +1,241 @@
+"""The FAISS index over one checkpoint's corpus embeddings (inner product).
+
+``index.type`` picks the structure: ``flat`` (``IndexFlatIP``, exact, as in ANCE §5, so the
+mined negatives are the true top-K of the checkpoint), ``ivf``, ``ivfpq`` or ``hnsw``
+(approximate; their recall against flat is in docs/benchmarks/indexer.md). With
+``similarity: cosine`` vectors and queries are L2-normalised, so inner product is cosine.
+
+Memory stays bounded by the index: searches run in batches of ``index.search_batch_size``
+queries (FAISS itself scores a batch in blocks), exact candidate scores are computed a few
+rows at a time, and IVF types are trained on the first ``nlist × train_points_per_list``
+vectors received, then fed shard by shard. Shards arrive in corpus order, so a corpus
+sorted by topic should be shuffled before using ``ivf``/``ivfpq``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import faiss
+import numpy as np
+
+from ance_train.config import IndexConfig
+from ance_train.index.capacity import MIN_POINTS_PER_LIST, ivf_lists, ivf_train_size, pq_m
+
+log = logging.getLogger(__name__)
+
+SCORE_BLOCK_BYTES = 64 << 20  # candidate vectors gathered at once by ``AnnIndex.scores``
+
+
+class Superseded(Exception):
+    """A newer checkpoint became complete while this one was being processed."""
+
+
+def faiss_gpus() -> int:
+    """GPUs FAISS can use (0 with ``faiss-cpu``)."""
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def use_gpu(device: str) -> bool:
+    """Resolve ``index.device``; ``gpu`` without a FAISS GPU is a configuration error."""
+    if device == "gpu" and faiss_gpus() == 0:
+        raise ValueError("index.device is gpu but FAISS sees no GPU (faiss-cpu installed, or "
+                         "no CUDA device): use auto or cpu")
+    return device == "gpu" or (device == "auto" and faiss_gpus() > 0)
+
+
+def _new_index(config: IndexConfig, dim: int, nlist: int) -> faiss.Index:
+    ip = faiss.METRIC_INNER_PRODUCT
+    if config.type == "flat":
+        return faiss.IndexFlatIP(dim)
+    if config.type == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, config.hnsw.m, ip)
+        index.hnsw.efConstruction = config.hnsw.ef_construction
+        return index
+    quantizer = faiss.IndexFlatIP(dim)
+    if config.type == "ivf":
+        index = faiss.IndexIVFFlat(quantizer, dim, nlist, ip)
+    else:
+        index = faiss.IndexIVFPQ(quantizer, dim, nlist, pq_m(config, dim), config.pq.nbits, ip)
+    return index  # the FAISS Python wrapper keeps ``quantizer`` alive with the index
+
+
+def recall_at(found: np.ndarray, exact: np.ndarray, k: int) -> float:
+    """Mean share of each row's exact top-``k`` that ``found``'s top-``k`` contains."""
+    hits = [len(np.intersect1d(f[:k], e[:k][e[:k] >= 0])) / max(1, int((e[:k] >= 0).sum()))
+            for f, e in zip(found, exact, strict=True)]
+    return float(np.mean(hits)) if hits else 0.0
+
+
+class AnnIndex:
+    """Document embeddings of one checkpoint, searchable by inner product.
+
+    ``add`` shards (document indices + vectors), then ``finalize``, then ``search`` /
+    ``vectors`` / ``scores``. ``expected_size`` (the corpus size) sets the IVF defaults and
+    lets IVF training start before every shard is in.
+    """
+
+    def __init__(self, dim: int, config: IndexConfig | None = None, similarity: str = "dot",
+                 expected_size: int | None = None) -> None:
+        self.dim = dim
+        self.config = config or IndexConfig()
+        self.normalize = similarity == "cosine"
+        self.expected_size = expected_size
+        self.gpu = use_gpu(self.config.device)
+        if self.config.type == "ivfpq":
+            pq_m(self.config, dim)  # fail before any data is read
+        self.index: faiss.Index | None = None
+        self._search_index: faiss.Index | None = None
+        self._pending: list[np.ndarray] = []  # IVF: vectors waiting for training
+        self._pending_count = 0
+        self._doc_ids: list[np.ndarray] = []
+        self.nlist: int | None = None
+        if self.config.type in ("flat", "hnsw"):
+            self.index = _new_index(self.config, dim, 0)
+
+    # -- building ---------------------------------------------------------------------------
+    def _prepared(self, vectors: np.ndarray) -> np.ndarray:
+        """float32, C-contiguous, L2-normalised for cosine (never modifies the caller's array)."""
+        if not self.normalize:
+            return np.ascontiguousarray(vectors, dtype=np.float32)
+        out = np.array(vectors, dtype=np.float32, order="C")
+        faiss.normalize_L2(out)
+        return out
+
+    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ValueError(
+                f"embedding dimension {vectors.shape[1]} != index dimension {self.dim}"
+            )
+        vectors = self._prepared(vectors)
+        self._doc_ids.append(np.asarray(ids, dtype=np.int64))
+        if self.index is not None:
+            self.index.add(vectors)
+            return
+        self._pending.append(vectors)
+        self._pending_count += len(vectors)
+        if (self.expected_size
+                and self._pending_count >= ivf_train_size(self.config, self.expected_size)):
+            self._train()
+
+    def _train(self) -> None:
+        """Train the IVF index on the pending vectors, then add them (and free them)."""
+        count = self._pending_count
+        total = max(self.expected_size or 0, count)
+        # ``ivf_train_size`` vectors give every list ≥ 39 points; the min guards odd callers.
+        self.nlist = max(1, min(ivf_lists(self.config, total), count // MIN_POINTS_PER_LIST))
+        if self.config.ivf.nlist and self.nlist < self.config.ivf.nlist:
+            log.warning("index.ivf.nlist lowered from %d to %d: only %d training vectors",
+                        self.config.ivf.nlist, self.nlist, count)
+        if self.config.type == "ivfpq" and count < 2 ** self.config.pq.nbits:
+            raise ValueError(f"index.type ivfpq needs at least 2^index.pq.nbits = "
+                             f"{2 ** self.config.pq.nbits} vectors to train, got {count}")
+        index = _new_index(self.config, self.dim, self.nlist)
+        wanted_rows, parts, taken = ivf_train_size(self.config, total), [], 0
+        for part in self._pending:
+            if taken >= wanted_rows:
+                break
+            parts.append(part[: wanted_rows - taken])
+            taken += len(parts[-1])
+        sample = np.concatenate(parts)
+        del parts
+        index.train(sample)
+        del sample
+        while self._pending:
+            index.add(self._pending.pop(0))
+        self._pending_count = 0
+        self.index = index
+
+    def finalize(self) -> None:
+        """Finish building: train IVF if not yet done, map rows to documents, move to GPU."""
+        if self.index is None:
+            if not self._pending:
+                self.index = faiss.IndexFlatIP(self.dim)  # empty: nothing to train
+            else:
+                self._train()
+        assert self.index is not None
+        self._row_to_doc = (np.concatenate(self._doc_ids) if self._doc_ids
+                            else np.zeros(0, np.int64))
+        self._doc_ids = []
+        # Shards arrive in corpus order, so rows are usually sorted by document already: then
+        # row ↔ document needs no second array (8 bytes per document in all).
+        if np.all(self._row_to_doc[1:] > self._row_to_doc[:-1]):
+            self._by_doc: np.ndarray | None = None
+            self._sorted_docs = self._row_to_doc
+        else:
+            self._by_doc = np.argsort(self._row_to_doc, kind="stable")
+            self._sorted_docs = self._row_to_doc[self._by_doc]
+        if isinstance(self.index, faiss.IndexIVF):
+            self.index.make_direct_map()  # for ``vectors``: reconstruct by row
+            faiss.ParameterSpace().set_index_parameter(
+                self.index, "nprobe", min(self.config.ivf.nprobe, self.index.nlist))
+        self._search_index = self.index
+        if self.gpu and self.config.type != "hnsw":  # FAISS has no GPU HNSW
+            self._search_index = faiss.index_cpu_to_all_gpus(self.index)
+            if isinstance(self.index, faiss.IndexIVF):
+                faiss.GpuParameterSpace().set_index_parameter(
+                    self._search_index, "nprobe", min(self.config.ivf.nprobe, self.index.nlist))
+
+    # -- reading ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return 0 if self.index is None else int(self.index.ntotal)
+
+    def rows(self, doc_ids: np.ndarray) -> np.ndarray:
+        """Index rows of ``doc_ids`` (KeyError for a document not in the index)."""
+        flat = np.asarray(doc_ids, dtype=np.int64).ravel()
+        if len(self._sorted_docs) == 0:
+            if len(flat):
+                raise KeyError(f"documents not in the index: {flat[:5].tolist()}")
+            return flat
+        pos = np.minimum(np.searchsorted(self._sorted_docs, flat), len(self._sorted_docs) - 1)
+        found = self._sorted_docs[pos] == flat
+        if not found.all():
+            raise KeyError(f"documents not in the index: {flat[~found][:5].tolist()}")
+        return pos if self._by_doc is None else self._by_doc[pos]
+
+    def vectors(self, doc_ids: np.ndarray) -> np.ndarray:
+        """The stored embeddings of ``doc_ids`` (document indices, not index rows); with
+        ``ivfpq`` these are the PQ reconstructions."""
+        assert self.index is not None
+        rows = self.rows(doc_ids)
+        out = self.index.reconstruct_batch(rows) if len(rows) else np.zeros((0, self.dim))
+        return out.astype(np.float32, copy=False).reshape(*np.shape(doc_ids), self.dim)
+
+    def scores(self, queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
+        """Inner product of each query row with the stored vectors of its ``doc_ids`` row
+        (``[Q, K]``), gathering at most ``SCORE_BLOCK_BYTES`` of vectors at a time."""
+        out = np.zeros(doc_ids.shape, dtype=np.float32)
+        step = max(1, SCORE_BLOCK_BYTES // max(1, doc_ids.shape[1] * self.dim * 4))
+        for start in range(0, len(doc_ids), step):
+            block = self.vectors(doc_ids[start:start + step])
+            out[start:start + step] = np.einsum("qd,qkd->qk", queries[start:start + step], block)
+        return out
+
+    def search(self, queries: np.ndarray, k: int, batch_size: int = 1024,
+               should_stop: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` document indices and scores per query (``-1`` where fewer exist), in
+        batches of ``batch_size`` queries."""
+        assert self._search_index is not None, "finalize() the index before searching"
+        k = min(k, len(self))
+        all_ids = np.full((len(queries), k), -1, dtype=np.int64)
+        all_scores = np.zeros((len(queries), k), dtype=np.float32)
+        if k == 0:
+            return all_ids, all_scores
+        params = None
+        if self.config.type == "hnsw":  # per call: concurrent searches may differ in k
+            params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw.ef_search, k))
+        for start in range(0, len(queries), batch_size):
+            if should_stop is not None and should_stop():
+                raise Superseded()
+            chunk = self._prepared(queries[start : start + batch_size])
+            scores, rows = self._search_index.search(chunk, k, params=params)
+            ids = np.where(rows >= 0, self._row_to_doc[np.maximum(rows, 0)], -1)
+            all_ids[start : start + len(chunk)] = ids
+            all_scores[start : start + len(chunk)] = scores
+        return all_ids, all_scores
+
+    def nbytes(self) -> int:
+        """Size of the FAISS index as serialised (≈ its memory; a measurement, not a model)."""
+        assert self.index is not None
+        return int(faiss.serialize_index(self.index).nbytes)

@@ -1,0 +1,197 @@
+"""The Inferencer service: claims shard work items, encodes them, uploads the embeddings.
+
+Replicas share one consumer group, so each item goes to one live replica; a replica keeps
+its claim alive with heartbeats while encoding, and an item whose replica died is reclaimed
+by another one after ``inference.claim_timeout_s``.
+
+Supersession: an item is encoded only if its checkpoint is the latest published one or the
+refresh already under way (the highest step any replica has started). Items of checkpoints
+that were overtaken before their refresh began are acknowledged and skipped, so replicas
+always move to the newest checkpoint without abandoning a refresh half-way (ANCE §4: the
+Inferencer takes the most recent checkpoint when it starts a refresh). The one exception is
+checkpoint 0, the zero-shot reference, which is always encoded.
+
+Poison items: an item whose checkpoint is corrupt or missing in the store is left for
+redelivery (another replica may read it fine) until its ``inference.max_attempts``-th
+delivery, then given up: ``shard.failed`` names the object and the error, the item is
+acknowledged, and the indexer abandons that checkpoint instead of waiting for it forever.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ance_train.inferencer.uploader import EncodedShard, ShardUploader
+from ance_train.infra import bus as events
+from ance_train.infra.store import CorruptObject, ObjectNotFound, StorageError
+from ance_train.modeling.checkpoint_cache import ModelCache
+from ance_train.modeling.encoding import encode_texts, prepare_model, resolve_precision
+from ance_train.observability.telemetry import InferencerTelemetry
+from ance_train.protocol.refresh import CORPUS, ZERO_SHOT_STEP, embedding_key, query_order
+from ance_train.runtime import ServiceContext
+
+# On CPU, batches are capped at 4096 padded tokens (16 rows of 256 tokens): bounded memory and
+# cache-sized matrices; docs/benchmarks/performance.md ("Encoding") has what it measures.
+CPU_MAX_TOKENS_PER_BATCH = 4096
+
+# Atomically raise the "refresh under way" marker; returns the marker after the update.
+_RAISE_MAX = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local proposed = tonumber(ARGV[1])
+if proposed > current then redis.call('SET', KEYS[1], proposed); return proposed end
+return current
+"""
+
+
+class Inferencer:
+    def __init__(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        cfg = ctx.config
+        if cfg.inference.torch_threads:
+            torch.set_num_threads(cfg.inference.torch_threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
+        # bf16 / int8 (inference.precision) are applied once per checkpoint, when it is loaded.
+        self.precision = resolve_precision(cfg.inference.precision, self.device)
+        ctx.log.info("encoding on %s in %s (inference.precision %s)", self.device.type,
+                     self.precision, cfg.inference.precision)
+        self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints",
+                                 self.device,
+                                 prepare=lambda m: prepare_model(m, self.precision, self.device))
+        self.uploader = ShardUploader(ctx.store, ctx.bus, self.queue, self._uploaded)
+        self.query_ids = query_order(ctx.dataset)
+        self.max_tokens_per_batch = cfg.inference.max_tokens_per_batch or (
+            CPU_MAX_TOKENS_PER_BATCH if self.device.type == "cpu" else None)
+        self._raise_marker = ctx.redis.register_script(_RAISE_MAX)
+        self.telemetry = InferencerTelemetry()
+        self.encoded = 0
+        self.skipped = 0
+
+    def run(self) -> None:
+        ctx = self.ctx
+        ctx.state.update(state="idle", phase="waiting for work")
+        consumer = ctx.options.instance
+        while not ctx.stop.is_set():
+            try:
+                item = self.queue.claim(consumer, block_ms=1000)
+            except Exception as error:  # Redis restarting: back off and retry
+                ctx.log.warning("claiming work failed: %s", error)
+                ctx.stop.wait(1.0)
+                continue
+            if item is None:
+                ctx.state.update(state="idle", phase="waiting for work")
+                continue
+            try:
+                self._handle(item, consumer)
+            except (*events.REDIS_UNAVAILABLE, StorageError) as error:
+                # Not acknowledged: the item is delivered again after claim_timeout_s.
+                ctx.log.warning("%s@%d left for redelivery: %s", item.name, item.step, error)
+                ctx.stop.wait(1.0)
+        self.uploader.close()  # the last shard's upload finishes before the service stops
+
+    def _handle(self, item: events.WorkItem, consumer: str) -> None:
+        if not self._should_encode(item):
+            self.skipped += 1
+            self.ctx.log.info("skipping %s of superseded checkpoint %d", item.name, item.step)
+            self.queue.done(item)
+            return
+        try:
+            self._encode(item, consumer)
+        except (CorruptObject, ObjectNotFound) as error:  # the checkpoint cannot be read
+            if item.attempt < self.ctx.config.inference.max_attempts:
+                raise  # left for redelivery
+            self._give_up(item, consumer, error)
+
+    def _give_up(self, item: events.WorkItem, consumer: str, error: StorageError) -> None:
+        """Announce the item as failed, then acknowledge it (a crash in between only repeats
+        the announcement, which the indexer treats idempotently)."""
+        self.ctx.log.error("giving up %s of checkpoint %d after %d attempts: %s", item.name,
+                           item.step, item.attempt, error)
+        self.ctx.bus.publish(events.SHARD_FAILED, item.step, kind=item.kind, shard=item.shard,
+                             key=embedding_key(item.step, item.kind, item.shard),
+                             instance=consumer, attempt=item.attempt, error=str(error))
+        self.queue.done(item)
+
+    def _should_encode(self, item: events.WorkItem) -> bool:
+        latest = self.ctx.bus.latest_checkpoint()
+        under_way = int(self.ctx.redis.get(self.ctx.bus.key("refresh_under_way")) or -1)
+        if item.step not in (latest, under_way, ZERO_SHOT_STEP):
+            return False
+        self._raise_marker(keys=[self.ctx.bus.key("refresh_under_way")], args=[item.step])
+        return True
+
+    def _encode(self, item: events.WorkItem, consumer: str) -> None:
+        ctx, cfg = self.ctx, self.ctx.config
+        ctx.state.update(state="running", phase=f"encoding {item.name}@{item.step}",
+                         checkpoint_step=item.step, done=0, total=item.stop - item.start)
+        beating = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(consumer, item, beating),
+                                daemon=True)
+        beat.start()
+
+        def release() -> None:
+            beating.set()
+            beat.join()
+
+        started = time.monotonic()
+        try:
+            model, tokenizer = self.models.get(item.step)
+            loaded = time.monotonic()
+            if item.kind == CORPUS:
+                ids = np.arange(item.start, item.stop, dtype=np.int64)
+                texts = [text for _, text in ctx.corpus.iter_range(item.start, item.stop)]
+                max_length = cfg.model.max_doc_length
+            else:
+                ids = np.arange(item.start, item.stop, dtype=np.int64)
+                texts = [ctx.dataset.queries[q] for q in self.query_ids[item.start:item.stop]]
+                max_length = cfg.model.max_query_length
+            vectors = encode_texts(model, tokenizer, texts, max_length=max_length,
+                                   batch_size=cfg.inference.batch_size, device=self.device,
+                                   max_tokens_per_batch=self.max_tokens_per_batch,
+                                   progress=self._progress(), background=True)
+        except BaseException:
+            release()
+            raise
+        timings = {"load_s": loaded - started, "encode_s": time.monotonic() - loaded}
+        # Stored, announced and acknowledged in the background while the next shard encodes.
+        self.uploader.submit(EncodedShard(item, consumer, ids, vectors, timings, release))
+
+    def _progress(self) -> Callable[[int], None]:
+        """A progress callback that reports the texts encoded so far in the current item."""
+        done = 0
+
+        def advance(count: int) -> None:
+            nonlocal done
+            done += count
+            self.ctx.state.update(done=done)
+
+        return advance
+
+    def _uploaded(self, shard: EncodedShard, seconds: float) -> None:
+        """Bookkeeping after a shard's upload (called on the uploader thread)."""
+        count = len(shard.ids)
+        self.encoded += 1
+        self.telemetry.shard_encoded(count, seconds)
+        self.ctx.state.update(metrics={"docs_per_second": count / max(seconds, 1e-9),
+                                       "shards_encoded": self.encoded,
+                                       "shards_skipped": self.skipped})
+        self.ctx.log.info("%s@%d: %d texts in %.1fs (%s)", shard.item.name, shard.item.step,
+                          count, seconds, ", ".join(f"{k} {v:.2f}" for k, v in
+                                                    shard.timings.items()))
+
+    def _heartbeat(self, consumer: str, item: events.WorkItem, done: threading.Event) -> None:
+        interval = max(self.ctx.config.inference.claim_timeout_s / 3, 0.2)
+        while not done.wait(interval):
+            try:
+                self.queue.heartbeat(consumer, item)
+            except Exception as error:
+                self.ctx.log.warning("heartbeat for %s failed: %s", item.name, error)
+
+
+def serve(ctx: ServiceContext) -> int:
+    return ctx.serve(Inferencer(ctx).run)

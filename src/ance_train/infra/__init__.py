@@ -1,0 +1,1 @@
+"""Infrastructure the services share: the Redis event bus, the object store, gRPC, credentials."""

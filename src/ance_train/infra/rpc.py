@@ -1,0 +1,128 @@
+"""gRPC plumbing shared by the services: health + Control.Status, and client helpers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ance_train.infra.proto import ance_pb2, ance_pb2_grpc
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class ServiceState:
+    """What a service reports through ``Control.Status``; updated by the service's threads."""
+
+    role: str
+    run_id: str
+    instance: str
+    step: int = 0
+    checkpoint_step: int = -1
+    index_step: int = -1
+    phase: str = "starting"
+    done: int = 0
+    total: int = 0
+    state: str = "starting"
+    message: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def update(self, **changes: object) -> None:
+        with self.lock:
+            metrics = changes.pop("metrics", None)
+            for name, value in changes.items():
+                setattr(self, name, value)
+            if metrics:
+                self.metrics.update({k: float(v) for k, v in metrics.items() if v is not None})
+
+    def to_proto(self) -> ance_pb2.StatusReply:
+        with self.lock:
+            return ance_pb2.StatusReply(
+                role=self.role, run_id=self.run_id, instance=self.instance, step=self.step,
+                checkpoint_step=self.checkpoint_step, index_step=self.index_step,
+                progress=ance_pb2.Progress(phase=self.phase, done=self.done, total=self.total),
+                metrics=dict(self.metrics), state=self.state, message=self.message,
+            )
+
+
+class _Control(ance_pb2_grpc.ControlServicer):
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+
+    def Status(self, request, context):
+        return self.state.to_proto()
+
+
+class GrpcServer:
+    """A gRPC server with the health service and Control.Status; more servicers may be added."""
+
+    def __init__(self, state: ServiceState, port: int = 0, host: str = "127.0.0.1",
+                 add_servicers: Callable[[grpc.Server], None] | None = None,
+                 max_workers: int = 8) -> None:
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                  options=options)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        ance_pb2_grpc.add_ControlServicer_to_server(_Control(state), self.server)
+        if add_servicers is not None:
+            add_servicers(self.server)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise RuntimeError(f"cannot bind gRPC port {host}:{port}")
+        self.host = host
+
+    @property
+    def address(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "[::]") else self.host
+        return f"{host}:{self.port}"
+
+    def start(self) -> GrpcServer:
+        self.server.start()
+        self.set_serving(True)
+        return self
+
+    def set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health.set("", status)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.set_serving(False)
+        self.server.stop(grace_s).wait()
+
+
+def channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+
+
+def fetch_status(address: str, timeout_s: float = 3.0) -> ance_pb2.StatusReply:
+    with channel(address) as ch:
+        return ance_pb2_grpc.ControlStub(ch).Status(ance_pb2.StatusRequest(), timeout=timeout_s)
+
+
+def check_health(address: str, timeout_s: float = 3.0) -> bool:
+    with channel(address) as ch:
+        reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                     timeout=timeout_s)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def search(address: str, queries: list[str] | None = None,
+           embeddings: list[list[float]] | None = None, k: int = 10,
+           timeout_s: float = 30.0) -> ance_pb2.SearchReply:
+    """Call ``Retrieval.Search`` on an indexer with query texts or query embeddings."""
+    request = ance_pb2.SearchRequest(
+        queries=queries or [], k=k,
+        embeddings=[ance_pb2.Embedding(values=vector) for vector in embeddings or []])
+    with channel(address) as ch:
+        return ance_pb2_grpc.RetrievalStub(ch).Search(request, timeout=timeout_s)

@@ -1,0 +1,306 @@
+"""``ance-train run``: the embedded mode — all three services as OS processes on this machine.
+
+Validates the configuration and the dataset before anything starts, launches a private
+Redis server, the object store (a local directory, or S3 when ``ANCE_S3_ENDPOINT`` is set),
+the trainer, the indexer and ``inference.replicas`` inferencers, then shows progress and a
+metrics table at every refresh until the final checkpoint is evaluated. Ctrl-C (or any
+service failing) stops every child; children also die with the launcher (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ance_train.config import RunConfig, dump_config
+from ance_train.data.dataset import validate_dataset
+from ance_train.infra import bus as events
+from ance_train.infra.credentials import redis_password
+from ance_train.infra.rpc import fetch_status
+from ance_train.infra.store import LocalStore, ObjectStore, store_from_env
+from ance_train.launcher.ports import free_port
+from ance_train.launcher.process import die_with_parent
+from ance_train.launcher.redis_server import RedisServer
+from ance_train.modeling.model import check_encoder
+from ance_train.runtime import publish_dataset
+
+# Logs and CI are not terminals: keep the metrics table readable there too.
+console = Console(width=None if sys.stdout.isatty() else 150, soft_wrap=True)
+SHOWN_METRICS = ("ndcg@10", "mrr@10", "recall@100")
+
+
+class RunAborted(RuntimeError):
+    pass
+
+
+@dataclass
+class Child:
+    name: str
+    role: str
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+@dataclass
+class RunResult:
+    evaluations: list[dict] = field(default_factory=list)
+    trainer_summary: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class EmbeddedRun:
+    def __init__(self, config: RunConfig, config_path: Path, overwrite: bool = False,
+                 max_minutes: float | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.run_dir = Path(config.output_dir) / config.run_id
+        self.overwrite = overwrite
+        self.max_minutes = max_minutes
+        self.children: list[Child] = []
+        self.redis: RedisServer | None = None
+        self.redis_url = ""
+
+    # -- set-up ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Validate everything first: a bad config, model or dataset never touches an existing
+        run."""
+        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not self.overwrite:
+            raise RunAborted(f"run directory {self.run_dir} already exists; pass --overwrite "
+                             "to replace it or change run_id")
+        shared_store, stale = self._stale_store_objects()
+        check_encoder(self.config.model.path)
+        staging = self.run_dir.parent / f".{self.config.run_id}.validating"
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            with console.status("validating dataset"):
+                self.dataset = validate_dataset(self.config.data, staging,
+                                                seed=self.config.data.split_seed)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        for key in stale:
+            shared_store.delete(key)
+        self.run_dir.mkdir(parents=True)
+        (self.run_dir / "logs").mkdir()
+        staging.rename(self.run_dir / "cache")
+        for warning in self.dataset.warnings:
+            console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"dataset: {self.dataset.num_docs} docs, {len(self.dataset.train)} train / "
+                      f"{len(self.dataset.dev)} dev / {len(self.dataset.test)} test queries")
+        self.resolved_config = self.run_dir / "config.yaml"
+        self.resolved_config.write_text(dump_config(self.config))
+        self.store_dir = self.run_dir / "store"
+        self.env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        if "ANCE_S3_ENDPOINT" not in self.env:
+            self.env["ANCE_STORE_DIR"] = str(self.store_dir)
+        self.store = store_from_env(self.config.run_id, str(self.store_dir))
+        publish_dataset(self.store, self.run_dir / "cache")
+        # The private Redis takes ANCE_REDIS_PASSWORD when the shell has one, so that the
+        # services, this monitor and `ance-train status` (which all read it) can authenticate;
+        # the password never goes into a URL or a file.
+        self.redis = RedisServer(self.run_dir / "redis", password=redis_password()).start()
+        self.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
+        self.env["ANCE_REDIS_URL"] = self.redis_url
+        (self.run_dir / "endpoints.json").write_text(json.dumps({"redis_url": self.redis_url}))
+
+    def _stale_store_objects(self) -> tuple[ObjectStore, list[str]]:
+        """Objects an earlier run with this run_id left in S3 (a local store lives in the run
+        directory). A new run would resume from its checkpoints: refused unless --overwrite."""
+        store = store_from_env(self.config.run_id, str(self.run_dir / "store"))
+        keys = [] if isinstance(store, LocalStore) else store.list()
+        if keys and not self.overwrite:
+            raise RunAborted(f"the object store already holds {len(keys)} objects of run "
+                             f"{self.config.run_id!r}; pass --overwrite to replace them or "
+                             "change run_id")
+        return store, keys
+
+    def _spawn(self, role: str, name: str, port: int) -> Child:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        args = [sys.executable, "-m", "ance_train.cli", "serve", role,
+                "--config", str(self.resolved_config), "--instance", name,
+                "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=self.env,
+                                       start_new_session=True, preexec_fn=die_with_parent)
+        child = Child(name, role, port, process, log_path)
+        self.children.append(child)
+        return child
+
+    def start_services(self) -> None:
+        ports = self.config.services
+        self.indexer = self._spawn("indexer", "indexer", ports.indexer_port or free_port())
+        for replica in range(self.config.inference.replicas):
+            base = ports.inferencer_base_port
+            self._spawn("inferencer", f"inferencer-{replica}",
+                        base + replica if base else free_port())
+        self.trainer = self._spawn("trainer", "trainer", ports.trainer_port or free_port())
+
+    # -- monitoring -----------------------------------------------------------------------
+    def monitor(self) -> RunResult:
+        assert self.redis is not None
+        bus = events.EventBus(events.connect(self.redis_url), self.config.run_id)
+        result = RunResult()
+        started = time.monotonic()
+        deadline = None if self.max_minutes is None else started + self.max_minutes * 60
+        cursor = "0"
+        final_step: int | None = None
+        table = _metrics_table(self.config)
+        progress = Progress(TextColumn("[bold]train"), BarColumn(),
+                            TextColumn("{task.description}"), TimeElapsedColumn(),
+                            console=console, transient=False)
+        task = progress.add_task("starting", total=self.config.training.steps)
+        with progress:
+            while True:
+                self._check_children()
+                for event in bus.read_all(events.EVAL_COMPLETED, after=cursor, block_ms=1000):
+                    cursor = event.entry_id
+                    entry = {"step": event.step, "metrics": event.payload["metrics"],
+                             "timings": event.payload.get("timings", {}),
+                             "elapsed_s": time.monotonic() - started}
+                    result.evaluations.append(entry)
+                    row = _metrics_row(entry)
+                    table.add_row(*row)
+                    progress.console.print(_metrics_line(entry))
+                if final_step is None:
+                    finished = list(bus.history(events.RUN_FINISHED))
+                    if finished:
+                        final_step = finished[-1].step
+                if final_step is not None and any(e["step"] == final_step
+                                                  for e in result.evaluations):
+                    break
+                progress.update(task, completed=self._trainer_step(),
+                                description=self._describe_refresh(bus))
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RunAborted(f"run exceeded --max-minutes {self.max_minutes}")
+            progress.update(task, completed=self.config.training.steps, description="done")
+        result.seconds = time.monotonic() - started
+        result.trainer_summary = self.store.get_json("trainer/summary.json")
+        console.print(table)
+        return result
+
+    def _trainer_step(self) -> int:
+        try:
+            return int(fetch_status(self.trainer.address, timeout_s=0.5).step)
+        except Exception:
+            return 0
+
+    def _describe_refresh(self, bus: events.EventBus) -> str:
+        try:
+            reply = fetch_status(self.indexer.address, timeout_s=0.5)
+            trainer = fetch_status(self.trainer.address, timeout_s=0.5)
+        except Exception:
+            return "starting services"
+        loss = trainer.metrics.get("loss")
+        loss_text = f"loss {loss:.3f}" if loss is not None else "waiting"
+        return (f"step {trainer.step} {loss_text} | negatives from ckpt {trainer.index_step} | "
+                f"indexer: {reply.progress.phase}")
+
+    def _check_children(self) -> None:
+        """Abort if a service died; the trainer alone may exit (with 0) when it finishes."""
+        for child in self.children:
+            code = child.process.poll()
+            if code is None:
+                continue
+            if child.role == "trainer" and code == 0:
+                continue
+            raise RunAborted(f"{child.name} exited with code {code}; last log lines:\n"
+                             f"{child.log_tail()}")
+
+    # -- tear-down ------------------------------------------------------------------------
+    def stop(self, timeout_s: float = 15.0) -> None:
+        for child in self.children:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in self.children:
+            try:
+                child.process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def execute(self) -> RunResult:
+        self.prepare()
+        try:
+            self.start_services()
+            result = self.monitor()
+        finally:
+            self.stop()
+        write_summary(self.run_dir, result)
+        print_summary(result, self.run_dir)
+        return result
+
+
+def _metrics_table(config: RunConfig) -> Table:
+    table = Table(title="evaluation after each refresh")
+    table.add_column("checkpoint", justify="right")
+    for split in config.index.eval_splits:
+        for name in SHOWN_METRICS:
+            table.add_column(f"{split} {name}", justify="right")
+    table.add_column("elapsed", justify="right")
+    return table
+
+
+def _metrics_row(entry: dict) -> list[str]:
+    label = "0 (zero-shot)" if entry["step"] == 0 else str(entry["step"])
+    row = [label]
+    for split_metrics in entry["metrics"].values():
+        row += [f"{split_metrics[name]:.4f}" for name in SHOWN_METRICS]
+    row.append(f"{entry['elapsed_s'] / 60:.1f} min")
+    return row
+
+
+def _metrics_line(entry: dict) -> str:
+    parts = [f"checkpoint {entry['step']}" + (" (zero-shot)" if entry["step"] == 0 else "")]
+    for split, values in entry["metrics"].items():
+        parts.append(f"{split} nDCG@10 {values['ndcg@10']:.4f} MRR@10 {values['mrr@10']:.4f} "
+                     f"R@100 {values['recall@100']:.4f}")
+    return " | ".join(parts)
+
+
+def write_summary(run_dir: Path, result: RunResult) -> None:
+    (run_dir / "summary.json").write_text(json.dumps({
+        "seconds": result.seconds, "evaluations": result.evaluations,
+        "trainer": result.trainer_summary}, indent=2))
+
+
+def print_summary(result: RunResult, run_dir: Path) -> None:
+    trainer = result.trainer_summary
+    refreshes = [e for e in result.evaluations if e["step"] > 0]
+    gaps = [g for g in trainer.get("async_gaps", []) if g is not None]
+    console.print(f"[bold]run finished[/] in {result.seconds / 60:.1f} min: "
+                  f"{trainer.get('steps', 0)} steps, {len(refreshes)} refreshes after zero-shot, "
+                  f"{len(trainer.get('swaps', []))} negative swaps, "
+                  f"mean async gap {sum(gaps) / len(gaps) if gaps else 0:.1f} steps")
+    if result.evaluations:
+        first, last = result.evaluations[0], result.evaluations[-1]
+        for split in last["metrics"]:
+            console.print(f"{split} nDCG@10: zero-shot {first['metrics'][split]['ndcg@10']:.4f} "
+                          f"→ final {last['metrics'][split]['ndcg@10']:.4f}")
+    console.print(f"checkpoints, negatives and metrics under {run_dir}")

@@ -1,0 +1,1 @@
+"""The bi-encoder, fast encoding and the checkpoint model cache."""

@@ -1,0 +1,221 @@
+"""The bi-encoder: one Hugging Face encoder shared by queries and documents (ANCE §4).
+
+Relevance is ``sim(q, d) / temperature`` where ``sim`` is the dot product, or the cosine
+when embeddings are L2-normalised (DANCE). ANCE's appendix A.1 head — a projection on the
+pooled vector followed by LayerNorm — is optional.
+
+Checkpoints are plain Hugging Face directories (``model.safetensors`` + config + tokenizer)
+with the sentence-transformers module files beside them, so both libraries load them.
+The optional head is stored in ``ance_head.safetensors``; ``ance_model.json`` records
+pooling / similarity / head so a checkpoint is self-describing.
+
+Weights are only ever read from safetensors files: a directory that holds only pickle-based
+weights (``pytorch_model.bin``) is refused, because unpickling can run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
+
+from ance_train.config import ModelConfig
+
+HEAD_FILE = "ance_head.safetensors"
+META_FILE = "ance_model.json"
+SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
+class ModelLoadError(ValueError):
+    """The model directory is missing, unreadable or not a text encoder."""
+
+
+class BiEncoder(nn.Module):
+    """Shared-weight query/document encoder with pooling and an optional projection head."""
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        pooling: str = "mean",
+        projection_dim: int | None = None,
+        similarity: str = "dot",
+        temperature: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+        self.similarity = similarity
+        self.temperature = temperature
+        hidden = int(encoder.config.hidden_size)
+        self.projection: nn.Module | None = None
+        if projection_dim is not None:
+            self.projection = nn.Sequential(
+                nn.Linear(hidden, projection_dim), nn.LayerNorm(projection_dim)
+            )
+        self.dim = projection_dim or hidden
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: ModelConfig) -> BiEncoder:
+        """Load an encoder directory; the checkpoint's ``ance_model.json`` wins over ``config``."""
+        path = Path(path)
+        hf_config = _encoder_config(path)
+        meta = _read_meta(path)
+        pooling = meta.get("pooling", config.pooling)
+        projection_dim = meta.get("projection_dim", config.projection_dim)
+        similarity = meta.get("similarity", config.similarity)
+        temperature = meta.get("temperature", config.temperature)
+        try:
+            encoder = AutoModel.from_pretrained(path, config=hf_config, local_files_only=True,
+                                                use_safetensors=True)
+        except (OSError, ValueError, KeyError) as error:
+            raise ModelLoadError(f"model directory {path}: cannot load encoder: {error}") from None
+        model = cls(encoder, pooling, projection_dim, similarity, temperature)
+        if model.projection is not None and (path / HEAD_FILE).is_file():
+            model.projection.load_state_dict(load_file(str(path / HEAD_FILE)))
+        return model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``[batch, dim]`` (L2-normalised when the similarity is cosine)."""
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        if self.projection is not None:
+            pooled = self.projection(pooled)
+        if self.similarity == "cosine":
+            pooled = nn.functional.normalize(pooled, p=2, dim=-1)
+        return pooled
+
+    def score(self, queries: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+        """All-pairs relevance ``[n_queries, n_docs]``."""
+        return queries @ docs.T / self.temperature
+
+    def save(self, directory: str | Path, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Write a checkpoint loadable by ``transformers`` and ``sentence-transformers``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.encoder.save_pretrained(directory, safe_serialization=True)
+        tokenizer.save_pretrained(directory)
+        meta = {
+            "pooling": self.pooling,
+            "projection_dim": None if self.projection is None else self.dim,
+            "similarity": self.similarity,
+            "temperature": self.temperature,
+        }
+        (directory / META_FILE).write_text(json.dumps(meta, indent=2))
+        if self.projection is not None:
+            state = {
+                k: v.detach().contiguous().cpu() for k, v in self.projection.state_dict().items()
+            }
+            save_file(state, str(directory / HEAD_FILE))
+        _write_sentence_transformers_files(directory, self)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"model directory {path}: cannot load tokenizer: {error}") from None
+
+
+def check_encoder(path: str | Path) -> None:
+    """Fail fast, without loading the weights, unless ``path`` holds a text encoder (config,
+    safetensors weights) and its tokenizer; the error names the directory."""
+    _encoder_config(Path(path))
+    load_tokenizer(path)
+
+
+def _encoder_config(path: Path) -> PretrainedConfig:
+    """The Hugging Face config of an encoder-only model directory, or ModelLoadError."""
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model directory {path}: no config.json (not a Hugging Face model)")
+    _require_safetensors(path)
+    try:
+        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelLoadError(f"model directory {path}: cannot load encoder: {error}") from None
+    if getattr(hf_config, "is_encoder_decoder", False) or not hasattr(hf_config, "hidden_size"):
+        raise ModelLoadError(
+            f"model directory {path}: {hf_config.model_type} is not a text encoder")
+    return hf_config
+
+
+def _require_safetensors(path: Path) -> None:
+    if not any((path / name).is_file() for name in SAFETENSORS_WEIGHTS):
+        found = sorted(p.name for p in path.glob("*.bin")) or ["no weights file"]
+        raise ModelLoadError(
+            f"model directory {path}: no safetensors weights (model.safetensors); found "
+            f"{', '.join(found)}. Only safetensors are loaded (pickle files can run code): "
+            "convert the weights with save_pretrained(..., safe_serialization=True)")
+
+
+def _read_meta(path: Path) -> dict:
+    meta_path = path / META_FILE
+    if not meta_path.is_file():
+        return {}
+    return json.loads(meta_path.read_text())
+
+
+def _write_sentence_transformers_files(directory: Path, model: BiEncoder) -> None:
+    """modules.json + pooling config so ``SentenceTransformer(directory)`` reproduces the encoder.
+
+    The optional ANCE head is not expressed as sentence-transformers modules; a checkpoint
+    with a head is still a valid transformers model, and ``BiEncoder.from_pretrained`` applies it.
+    """
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if model.similarity == "cosine":
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+        (directory / "2_Normalize").mkdir(exist_ok=True)
+    (directory / "modules.json").write_text(json.dumps(modules, indent=2))
+    pooling_dir = directory / "1_Pooling"
+    pooling_dir.mkdir(exist_ok=True)
+    hidden = int(model.encoder.config.hidden_size)
+    (pooling_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": hidden,
+                "pooling_mode_cls_token": model.pooling == "cls",
+                "pooling_mode_mean_tokens": model.pooling == "mean",
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            },
+            indent=2,
+        )
+    )
+    (directory / "sentence_bert_config.json").write_text(
+        json.dumps(
+            {
+                "max_seq_length": int(
+                    getattr(model.encoder.config, "max_position_embeddings", 512)
+                ),
+                "do_lower_case": False,
+            }
+        )
+    )

@@ -1,0 +1,1 @@
+"""Hard negatives: the negatives table, the strategies of the papers and the indexer-side mining."""

@@ -1,0 +1,1 @@
+"""The contract between the services, defined once: events, object keys, tables, work items."""

@@ -1,0 +1,210 @@
+"""What every service process sets up the same way: config, Redis, object store, dataset,
+gRPC server, service registry, logging and clean shutdown on SIGTERM/SIGINT.
+
+Endpoints come from flags or environment variables (see ``ance_train.cli``), so the same
+code runs in the embedded mode and in Kubernetes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_exponential
+
+from ance_train.config import RunConfig, load_config
+from ance_train.data.dataset import (
+    Corpus,
+    DatasetFiles,
+    DatasetIndex,
+    load_dataset_index,
+    validate_dataset,
+)
+from ance_train.infra import bus as events
+from ance_train.infra.credentials import RedactingFormatter, cluster_mode, redact_url
+from ance_train.infra.rpc import GrpcServer, ServiceState
+from ance_train.infra.store import ObjectStore, store_from_env
+from ance_train.observability.kube import RunReporter
+from ance_train.observability.metrics import metrics_port, start_metrics_server
+
+DATASET_INDEX_KEY = "data/dataset.json"
+DOC_OFFSETS_KEY = "data/doc_offsets.npy"
+DATASET_INDEX_FILE = "dataset.json"
+DOC_OFFSETS_FILE = "doc_offsets.npy"
+DATASET_TIMEOUT_VAR = "ANCE_DATASET_TIMEOUT_S"
+DEFAULT_DATASET_TIMEOUT_S = 3600.0
+
+
+class DatasetNotPublished(RuntimeError):
+    """The dataset index did not appear in the store in time."""
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    role: str
+    config_path: str
+    redis_url: str
+    work_dir: str
+    instance: str = field(default_factory=socket.gethostname)
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 0
+    store_dir: str | None = None
+
+
+def setup_logging(role: str, instance: str) -> None:
+    level = os.environ.get("ANCE_LOG_LEVEL", "INFO").upper()
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter(
+        f"%(asctime)s {role}[{instance}] %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    for noisy in ("urllib3", "filelock", "httpx", "transformers", "faiss.loader"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def publish_dataset(store: ObjectStore, cache_dir: Path) -> None:
+    """Make the validated dataset index available to every service through the store."""
+    store.put_file(DOC_OFFSETS_KEY, cache_dir / DOC_OFFSETS_FILE)
+    store.put_file(DATASET_INDEX_KEY, cache_dir / DATASET_INDEX_FILE)
+
+
+def prepare_dataset(config: RunConfig, store: ObjectStore, cache_dir: Path) -> DatasetIndex:
+    """Validate the run's dataset into ``cache_dir`` and publish its index (idempotent: the
+    same data gives the same objects)."""
+    dataset = validate_dataset(config.data, cache_dir, seed=config.data.split_seed)
+    publish_dataset(store, cache_dir)
+    return dataset
+
+
+def dataset_timeout_s() -> float:
+    raw = os.environ.get(DATASET_TIMEOUT_VAR, "").strip()
+    try:
+        timeout = float(raw) if raw else DEFAULT_DATASET_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{DATASET_TIMEOUT_VAR} must be a number of seconds, got {raw!r}"
+                         ) from None
+    if timeout <= 0:
+        raise ValueError(f"{DATASET_TIMEOUT_VAR} must be positive, got {raw!r}")
+    return timeout
+
+
+def wait_for_dataset(store: ObjectStore, timeout_s: float, log: logging.Logger) -> None:
+    """Poll with backoff until the dataset index is in the store (in a cluster the services
+    start while the trainer pod's ``ance-train prepare`` is still publishing it)."""
+    if store.exists(DATASET_INDEX_KEY):
+        return
+    log.info("waiting for the dataset index %s in %r (published by `ance-train prepare`)",
+             DATASET_INDEX_KEY, store)
+    poll = Retrying(retry=retry_if_result(lambda found: not found),
+                    wait=wait_exponential(multiplier=0.5, max=10.0),
+                    stop=stop_after_delay(timeout_s))
+    try:
+        poll(store.exists, DATASET_INDEX_KEY)
+    except RetryError:
+        raise DatasetNotPublished(
+            f"no dataset index ({DATASET_INDEX_KEY}) in {store!r} after {timeout_s:g}s: run "
+            f"`ance-train prepare` (the trainer pod's init container), or raise "
+            f"{DATASET_TIMEOUT_VAR}") from None
+    log.info("dataset index found")
+
+
+def fetch_dataset(store: ObjectStore, cache_dir: Path) -> DatasetIndex:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    store.get_file(DOC_OFFSETS_KEY, cache_dir / DOC_OFFSETS_FILE)
+    store.get_file(DATASET_INDEX_KEY, cache_dir / DATASET_INDEX_FILE)
+    return load_dataset_index(cache_dir)
+
+
+class ServiceContext:
+    """Everything a service needs, built once at start-up."""
+
+    def __init__(self, options: ServiceOptions) -> None:
+        self.options = options
+        setup_logging(options.role, options.instance)
+        self.log = logging.getLogger(f"ance_train.{options.role}")
+        self.config: RunConfig = load_config(options.config_path)
+        self.work_dir = Path(options.work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.reporter = RunReporter.from_env(options.role, options.instance).start()
+        port = metrics_port()
+        if port:
+            start_metrics_server(options.role, port)
+            self.log.info("Prometheus metrics on :%d/metrics", port)
+        self.store: ObjectStore = store_from_env(self.config.run_id, options.store_dir)
+        self.log.info("object store %r, Redis %s", self.store, redact_url(options.redis_url))
+        self.redis = events.connect(options.redis_url)
+        events.wait_for_redis(self.redis)
+        wait_for_dataset(self.store, dataset_timeout_s(), self.log)
+        self.bus = events.EventBus(self.redis, self.config.run_id)
+        self.state = ServiceState(options.role, self.config.run_id, options.instance)
+        self.stop = threading.Event()
+        self.dataset: DatasetIndex = fetch_dataset(self.store, self.work_dir / "data")
+        self.corpus = Corpus(DatasetFiles.resolve(self.config.data),
+                             self.work_dir / "data" / DOC_OFFSETS_FILE, self.config.data.format)
+        self.server: GrpcServer | None = None
+
+    def install_signal_handlers(self) -> None:
+        def _stop(signum: int, _frame: object) -> None:
+            self.log.info("received %s, stopping", signal.Signals(signum).name)
+            self.stop.set()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+
+    def start_server(self, add_servicers: Callable[[grpc.Server], None] | None = None) -> None:
+        self.server = GrpcServer(self.state, self.options.grpc_port, self.options.grpc_host,
+                                 add_servicers).start()
+        threading.Thread(target=self._heartbeat, name="registry", daemon=True).start()
+        self.log.info("gRPC on %s", self.server.address)
+
+    def _heartbeat(self) -> None:
+        assert self.server is not None
+        advertised = os.environ.get("ANCE_ADVERTISE_ADDRESS", self.server.address)
+        while not self.stop.is_set():
+            try:
+                self.bus.register(self.options.role, self.options.instance, advertised)
+            except Exception as error:  # Redis may be restarting; the next beat retries
+                self.log.warning("registry heartbeat failed: %s", error)
+            self.stop.wait(5.0)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def run(self, serve_role: Callable[[ServiceContext], int]) -> int:
+        """Run the role; an unhandled exception is logged and reported (exit code 1).
+        What is queued for the AnceRun is sent before the process ends."""
+        try:
+            return serve_role(self)
+        except Exception as error:
+            self.log.error("%s failed", self.options.role, exc_info=error)
+            self.reporter.failed(error)
+            return 1
+        finally:
+            self.reporter.close()
+
+    def serve(self, main: Callable[[], object],
+              add_servicers: Callable[[grpc.Server], None] | None = None) -> int:
+        """Run a service: signals, gRPC server, then ``main`` until it returns or is stopped."""
+        self.install_signal_handlers()
+        self.start_server(add_servicers)
+        try:
+            main()
+            if cluster_mode() and not self.stop.is_set():
+                # A Deployment restarts a pod whose process exits, which would run the
+                # finished role again: in the cluster a finished service stays up, still
+                # answering Status and health, until the release is uninstalled.
+                self.log.info("%s finished; serving status until stopped", self.options.role)
+                self.stop.wait()
+        finally:
+            self.close()
+        return 0

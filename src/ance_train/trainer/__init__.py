@@ -1,0 +1,1 @@
+"""The Trainer service: the training loop, its negatives feed and its checkpoints."""

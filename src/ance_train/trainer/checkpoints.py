@@ -1,0 +1,106 @@
+"""Checkpoint publishing: save locally in the loop, upload + announce in the background.
+
+Order per checkpoint (the contract other services rely on): every file of the checkpoint is
+in the store (its MANIFEST written last) → the latest-checkpoint marker moves → the shard
+work items are queued → ``checkpoint.published`` is sent. Uploads run on one background
+thread, so the trainer never waits for the object store.
+
+Every checkpoint also holds the training state (:mod:`.training_state`), so a restarted
+trainer resumes from the newest checkpoint whose MANIFEST is in the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from ance_train.data.dataset import DatasetIndex
+from ance_train.infra import bus as events
+from ance_train.infra.store import MANIFEST_NAME, ObjectStore
+from ance_train.modeling.model import BiEncoder
+from ance_train.protocol.refresh import CORPUS, QUERIES, RefreshPlan, checkpoint_prefix
+from ance_train.trainer.training_state import TrainingState
+
+log = logging.getLogger(__name__)
+
+
+def latest_complete_checkpoint(store: ObjectStore) -> int | None:
+    """The newest checkpoint step whose MANIFEST (written last by ``put_dir``) is stored."""
+    steps = [int(parts[1]) for parts in (key.split("/") for key in store.list("checkpoints"))
+             if len(parts) == 3 and parts[2] == MANIFEST_NAME and parts[1].isdigit()]
+    return max(steps, default=None)
+
+
+class CheckpointPublisher:
+    def __init__(self, store: ObjectStore, bus: events.EventBus, queue: events.WorkQueue,
+                 config, dataset: DatasetIndex, work_dir: Path, keep_local: int = 2) -> None:
+        self.store = store
+        self.bus = bus
+        self.queue = queue
+        self.config = config
+        self.dataset = dataset
+        self.local_dir = work_dir / "checkpoints"
+        self.keep_local = keep_local
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publisher")
+        self._pending: list[Future] = []
+
+    def save(self, step: int, model: BiEncoder, tokenizer, state: TrainingState) -> Path:
+        directory = self.local_dir / str(step)
+        if directory.exists():
+            shutil.rmtree(directory)
+        model.save(directory, tokenizer)
+        state.save(directory)
+        return directory
+
+    def fetch(self, step: int) -> Path:
+        """Download checkpoint ``step`` (verified against its manifest) to resume from it."""
+        directory = self.local_dir / str(step)
+        if directory.exists():
+            shutil.rmtree(directory)
+        self.store.get_dir(checkpoint_prefix(step), directory)
+        return directory
+
+    def ensure_announced(self, step: int) -> None:
+        """Finish the publication of a stored checkpoint whose event never went out (the
+        trainer died between the MANIFEST and the event); a published one is left alone."""
+        if any(e.step == step for e in self.bus.history(events.CHECKPOINT_PUBLISHED)):
+            return
+        log.info("checkpoint %d is stored but was never announced: announcing it", step)
+        self._announce(step)
+
+    def publish_async(self, step: int, directory: Path) -> Future:
+        future = self._executor.submit(self._publish, step, directory)
+        self._pending.append(future)
+        return future
+
+    def _publish(self, step: int, directory: Path) -> None:
+        self.store.put_dir(checkpoint_prefix(step), directory)
+        self._announce(step)
+        self._prune_local(keep=step)
+
+    def _announce(self, step: int) -> None:
+        plan = RefreshPlan.for_run(step, self.config, self.dataset)
+        self.bus.set_latest_checkpoint(step)
+        self.queue.enqueue(step, CORPUS, plan.corpus_ranges)
+        self.queue.enqueue(step, QUERIES, plan.query_ranges)
+        self.bus.publish(events.CHECKPOINT_PUBLISHED, step, key=checkpoint_prefix(step),
+                         **plan.to_payload())
+        log.info("checkpoint %d published (%d corpus + %d query shards)", step,
+                 len(plan.corpus_ranges), len(plan.query_ranges))
+
+    def _prune_local(self, keep: int) -> None:
+        steps = sorted(int(p.name) for p in self.local_dir.iterdir() if p.name.isdigit())
+        for old in steps[: -self.keep_local]:
+            if old != keep:
+                shutil.rmtree(self.local_dir / str(old), ignore_errors=True)
+
+    def flush(self) -> None:
+        """Wait for every upload (end of run); re-raises an upload failure."""
+        for future in self._pending:
+            future.result()
+        self._pending.clear()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,295 @@
+"""The Trainer service: optimises the bi-encoder on the freshest negatives available.
+
+Per step it takes the negatives the configured strategy calls for from what the feed holds
+(never waiting, except before step 1 when ``negatives.wait_for_first`` says so), computes the
+NLL loss over the positive, hard and in-batch negatives (plus λ × DANCE's dual
+query-retrieval loss when enabled), and every ``refresh_every`` steps saves a checkpoint that
+the publisher uploads and announces in the background. It records the async gap (current
+step − step of the checkpoint whose negatives are in use, ANCE §6.4) and, at an interval,
+the gradient norms of the bottom / middle / top layers (ANCE Fig. 4).
+
+A restarted trainer resumes from the newest complete checkpoint of its run: weights,
+optimizer, scheduler, RNG states, batch position, negatives tables and summary records come
+back as they were at that step (:mod:`.training_state`); the checkpoint is not republished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+import time
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from transformers import get_linear_schedule_with_warmup
+
+from ance_train.infra import bus as events
+from ance_train.modeling.model import BiEncoder, load_tokenizer
+from ance_train.observability.telemetry import TrainerTelemetry
+from ance_train.runtime import ServiceContext
+from ance_train.trainer.batches import BatchBuilder
+from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
+from ance_train.trainer.loss import contrastive_nll, layer_grad_norms
+from ance_train.trainer.negative_sources import NegativesPicker, RandomNegatives
+from ance_train.trainer.negatives_feed import NegativesFeed
+from ance_train.trainer.training_state import (
+    NegativesInUse,
+    TrainingState,
+    capture_rng,
+    restore_rng,
+)
+
+SUMMARY_KEY = "trainer/summary.json"
+
+
+@dataclass
+class TrainingRecord:
+    """What the run's summary reports about training (also read by the tests)."""
+
+    losses: list[float] = field(default_factory=list)
+    dual_losses: list[float | None] = field(default_factory=list)
+    hard_negatives: list[int] = field(default_factory=list)
+    grad_norms: list[dict] = field(default_factory=list)
+    async_gaps: list[int | None] = field(default_factory=list)
+    negatives_steps: list[int | None] = field(default_factory=list)
+    swaps: list[dict] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    negatives_ms: list[float] = field(default_factory=list)
+    wait_before_first_s: float = 0.0
+    checkpoints: list[int] = field(default_factory=list)
+    resumed_from: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainingRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def autocast_context(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return contextlib.nullcontext()
+    if mode == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+class Trainer:
+    def __init__(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        cfg = ctx.config
+        self.cfg = cfg
+        torch.manual_seed(cfg.training.seed)
+        random.seed(cfg.training.seed)
+        if cfg.training.torch_threads:
+            torch.set_num_threads(cfg.training.torch_threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
+        self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
+                                             ctx.work_dir)
+        self.resumed_from = latest_complete_checkpoint(ctx.store)
+        model_dir = Path(cfg.model.path)
+        if self.resumed_from is not None:
+            ctx.log.info("resuming from checkpoint %d", self.resumed_from)
+            model_dir = self.publisher.fetch(self.resumed_from)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
+                                           weight_decay=cfg.training.weight_decay)
+        self.scheduler = get_linear_schedule_with_warmup(
+            self.optimizer, cfg.training.warmup_steps, cfg.training.steps)
+        self.batches = BatchBuilder(ctx.dataset, cfg.training.batch_size,
+                                    cfg.negatives.per_query,
+                                    cfg.training.in_batch_negatives, cfg.training.seed)
+        self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop)
+        self.picker = NegativesPicker(
+            cfg.negatives, self.feed,
+            RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
+        self.record = TrainingRecord()
+        self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps)
+        self.step = 0
+        self.in_use_step: int | None = None  # step of the negatives table the last step used
+        self.first_step = 1  # the first step this process runs (logged)
+        self._resume_state = (None if self.resumed_from is None
+                              else self._restore(TrainingState.load(model_dir)))
+
+    def _restore(self, state: TrainingState) -> TrainingState:
+        """Optimizer, scheduler, batch position and records of a checkpoint (the RNG states
+        and the negatives tables are restored by ``run``, right before the loop)."""
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        self.batches.load_state_dict(state.batches)
+        self.record = TrainingRecord.from_dict(state.record)
+        self.record.resumed_from.append(state.step)
+        self.step = state.step
+        self.in_use_step = state.negatives.in_use
+        return state
+
+    def _abandoned(self) -> events.Event | None:
+        """The ``shard.failed`` of the checkpoint the first negatives must come from, if any."""
+        return next((event for event in self.ctx.bus.history(events.SHARD_FAILED)
+                     if event.step == self.step), None)
+
+    def run(self) -> TrainingRecord:
+        ctx, cfg = self.ctx, self.cfg
+        self.telemetry.started()
+        ctx.state.update(state="running", phase=f"checkpoint {self.step}",
+                         total=cfg.training.steps, step=self.step, done=self.step)
+        if self._resume_state is None:
+            self._checkpoint(0)
+        else:
+            self.publisher.ensure_announced(self.step)
+            self.feed.restore(self._resume_state.negatives)
+        self.feed.start()
+        if self.picker.needs_wait():
+            ctx.state.update(phase="waiting for first negatives")
+            started = time.monotonic()
+            self.feed.wait_until(lambda: self.picker.ready() or self._abandoned() is not None)
+            self.record.wait_before_first_s += time.monotonic() - started
+            abandoned = self._abandoned()
+            if not self.picker.ready() and abandoned is not None:
+                raise RuntimeError(
+                    f"no first negatives: checkpoint {self.step} was abandoned because "
+                    f"{abandoned.payload.get('key')} could not be encoded "
+                    f"({abandoned.payload.get('error')}); with negatives.pool "
+                    f"{cfg.negatives.pool} and no BM25 warm-up there is nothing to train on")
+        if self._resume_state is not None:
+            restore_rng(self._resume_state.rng)  # last: nothing may draw before the loop
+        self.first_step = self.step + 1
+        dual_weight = cfg.negatives.dual_weight
+        while self.step < cfg.training.steps and not ctx.stop.is_set():
+            self.step += 1
+            started = time.monotonic()
+            source, table_step = self.picker.pick(self.step)
+            dual = self.feed.dual if dual_weight > 0 else None
+            batch = self.batches.build(source, dual, cfg.negatives.dual_per_positive)
+            negatives_ms = (time.monotonic() - started) * 1000
+            if table_step is not None and table_step != self.in_use_step:
+                self.record.swaps.append({"step": self.step, "negatives_step": table_step})
+                self.in_use_step = table_step
+            loss, dual_loss = self._optimise(batch, dual_weight)
+            gap = None if table_step is None or table_step < 0 else self.step - table_step
+            self.record.dual_losses.append(dual_loss)
+            self.record.hard_negatives.append(batch.hard_negatives)
+            self._log_step(loss, gap, table_step, negatives_ms, time.monotonic() - started)
+            if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
+                self._checkpoint(self.step)
+        self.publisher.flush()
+        self.publisher.close()
+        finished = self.step >= cfg.training.steps
+        ctx.store.put_json(SUMMARY_KEY, self.summary(finished))
+        if finished:
+            ctx.bus.publish(events.RUN_FINISHED, self.step, final_step=self.step)
+            self.telemetry.finished(self.step)
+        ctx.state.update(state="finished" if finished else "stopped", phase="done")
+        return self.record
+
+    def _optimise(self, batch, dual_weight: float) -> tuple[float, float | None]:
+        cfg = self.cfg
+        self.model.train()
+        query_texts = batch.query_texts + batch.dual_query_texts
+        queries = self.tokenizer(query_texts, padding=True, truncation=True,
+                                 max_length=cfg.model.max_query_length, return_tensors="pt")
+        docs = self.tokenizer(self.ctx.corpus.texts(batch.doc_indices), padding=True,
+                              truncation=True, max_length=cfg.model.max_doc_length,
+                              return_tensors="pt")
+        size = len(batch.query_texts)
+        with autocast_context(cfg.training.mixed_precision, self.device):
+            q = self.model(queries["input_ids"].to(self.device),
+                           queries["attention_mask"].to(self.device))
+            d = self.model(docs["input_ids"].to(self.device),
+                           docs["attention_mask"].to(self.device))
+            scores = self.model.score(q[:size], d)
+            dual_scores = (self.model.score(d[:size], q)
+                           if batch.dual_allowed is not None else None)
+        loss = contrastive_nll(scores, batch.positive_column.to(self.device),
+                               batch.allowed.to(self.device))
+        dual_loss = None
+        if dual_scores is not None:
+            # DANCE Eq. 12: L = L_norm + λ L_dual, L_dual over d⁺ → {q⁺} ∪ negative queries.
+            dual_loss = contrastive_nll(dual_scores, batch.positive_column.to(self.device),
+                                        batch.dual_allowed.to(self.device))
+            loss = loss + dual_weight * dual_loss
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        every = cfg.negatives.grad_norm_every
+        if every and (self.step % every == 0 or self.step == 1):
+            self.record.grad_norms.append({"step": self.step,
+                                           **layer_grad_norms(self.model.encoder)})
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.training.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(loss.detach()), None if dual_loss is None else float(dual_loss.detach())
+
+    def _log_step(self, loss: float, gap: int | None, negatives_step: int | None,
+                  negatives_ms: float, seconds: float) -> None:
+        rec = self.record
+        rec.losses.append(loss)
+        rec.async_gaps.append(gap)
+        rec.negatives_steps.append(negatives_step)
+        rec.negatives_ms.append(negatives_ms)
+        rec.step_seconds.append(seconds)
+        metrics = {"loss": loss, "step_seconds": seconds, "negatives_ms": negatives_ms,
+                   "learning_rate": self.scheduler.get_last_lr()[0]}
+        if gap is not None:
+            metrics["async_gap"] = gap
+        self.ctx.state.update(step=self.step, done=self.step, phase="training",
+                              index_step=-1 if negatives_step is None else negatives_step,
+                              metrics=metrics)
+        self.telemetry.step(self.step, loss, negatives_step, gap)
+        if self.step % 10 == 0 or self.step in (1, self.first_step):
+            self.ctx.log.info("step %d loss %.4f gap %s (%.2fs)", self.step, loss, gap, seconds)
+
+    def _checkpoint(self, step: int) -> None:
+        self.record.checkpoints.append(step)
+        feed = self.feed
+        state = TrainingState(
+            step=step, optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(), rng=capture_rng(),
+            batches=self.batches.state_dict(),
+            negatives=NegativesInUse(
+                ann=None if feed.ann is None else feed.ann.step,
+                dual=None if feed.dual is None else feed.dual.step,
+                bm25=feed.bm25 is not None, in_use=self.in_use_step),
+            record=asdict(self.record))
+        directory = self.publisher.save(step, self.model, self.tokenizer, state)
+        self.publisher.publish_async(step, directory).add_done_callback(
+            functools.partial(self._published, step))
+        self.ctx.state.update(checkpoint_step=step)
+
+    def _published(self, step: int, upload: Future) -> None:
+        if upload.exception() is None:  # a failed upload surfaces in publisher.flush()
+            self.telemetry.checkpoint_published(step)
+
+    def summary(self, finished: bool) -> dict:
+        rec = self.record
+        return {
+            "finished": finished,
+            "steps": self.step,
+            "losses": rec.losses,
+            "dual_losses": rec.dual_losses,
+            "hard_negatives": rec.hard_negatives,
+            "grad_norms": rec.grad_norms,
+            "async_gaps": rec.async_gaps,
+            "negatives_steps": rec.negatives_steps,
+            "swaps": rec.swaps,
+            "checkpoints": rec.checkpoints,
+            "resumed_from": rec.resumed_from,
+            "step_seconds": rec.step_seconds,
+            "negatives_ms": rec.negatives_ms,
+            "wait_before_first_s": rec.wait_before_first_s,
+            # Everything the loop spent obtaining negatives once the first table was in use:
+            # the feed never blocks, so this is only sampling time (ANCE Table 5: 72 ms/batch).
+            "negatives_s_after_first": self._negatives_seconds_after_first(),
+        }
+
+    def _negatives_seconds_after_first(self) -> float:
+        rec = self.record
+        first = next((i for i, s in enumerate(rec.negatives_steps) if s is not None), None)
+        return 0.0 if first is None else sum(rec.negatives_ms[first:]) / 1000
+
+
+def serve(ctx: ServiceContext) -> int:
+    return ctx.serve(Trainer(ctx).run)
