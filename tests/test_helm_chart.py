@@ -5,8 +5,9 @@ helm_render.py); Kubernetes objects are validated against the Kubernetes OpenAPI
 kubernetes-validate ships. No Kubernetes API server can run here, so nothing is installed:
 what an install would create is checked object by object. Which kinds are validated how:
 
-- every built-in kind (Deployment, StatefulSet, Service, Secret, ConfigMap, ServiceAccount,
-  Role, RoleBinding, NetworkPolicy, CustomResourceDefinition): kubernetes-validate, strict;
+- every built-in kind (Job, Deployment, StatefulSet, Service, Secret, ConfigMap,
+  ServiceAccount, Role, RoleBinding, NetworkPolicy, CustomResourceDefinition):
+  kubernetes-validate, strict;
 - AnceRun: the openAPIV3Schema of the chart's own CRD (jsonschema);
 - ServiceMonitor (Prometheus Operator, no schema here): the fields it needs, asserted one by
   one in test_service_monitor_scrapes_every_ance_service.
@@ -27,7 +28,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from ance_train.common.config import parse_config
+from ance_train.config import parse_config
 
 from helm_render import (
     CHART_DIR,
@@ -49,10 +50,13 @@ from helm_render import (
 
 PRODUCTION = Path(__file__).parent / "fixtures" / "helm" / "values-production.yaml"
 FULLNAME = "ance-train"  # release "ance-train" of chart "ance-train"
-ROLES = ("trainer", "inferencer", "indexer")
+# The ance workloads: the trainer finishes (a Job), the others serve until uninstalled.
+WORKLOAD_KINDS = {"trainer": "Job", "inferencer": "Deployment", "indexer": "Deployment"}
+ROLES = tuple(WORKLOAD_KINDS)
+WORKLOAD_TYPES = ("Job", "Deployment", "StatefulSet")
 CUSTOM_KINDS = {"AnceRun", "ServiceMonitor"}  # validated as the module docstring says
 
-# The environment contract between the chart and services/ (see docs/deployment.md).
+# The environment contract between the chart and the services (see docs/deployment.md).
 CONTRACT_ENV = {
     "ANCE_CONFIG", "ANCE_REDIS_URL", "ANCE_REDIS_PASSWORD", "ANCE_S3_ENDPOINT",
     "ANCE_S3_BUCKET", "ANCE_S3_SECURE", "ANCE_S3_ACCESS_KEY", "ANCE_S3_SECRET_KEY",
@@ -74,7 +78,13 @@ def production_objects() -> list[dict[str, Any]]:
 
 
 def ance_workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {role: one(objects, "Deployment", f"{FULLNAME}-{role}") for role in ROLES}
+    return {role: one(objects, kind, f"{FULLNAME}-{role}")
+            for role, kind in WORKLOAD_KINDS.items()}
+
+
+def all_workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every object that runs pods: the ance workloads and the chart's Redis / MinIO."""
+    return [o for kind in WORKLOAD_TYPES for o in find(objects, kind)]
 
 
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -114,8 +124,8 @@ def test_helm_lint_strict_passes(values_files: list[Path]) -> None:
     ("template", "old", "new", "expected"),
     [
         # A template function that does not exist: a parse error.
-        ("inferencer.yaml", '"replicas" (.Values.inferencer.replicas | int)',
-         '"replicas" (.Values.inferencer.replicas | nosuchfunction)', "nosuchfunction"),
+        ("inferencer.yaml", "replicas: {{ .Values.inferencer.replicas | int }}",
+         "replicas: {{ .Values.inferencer.replicas | nosuchfunction }}", "nosuchfunction"),
         # Valid template syntax whose output is not valid YAML.
         ("configmap.yaml", "  config.yaml: |", "config.yaml: : |", "configmap.yaml"),
     ],
@@ -155,6 +165,11 @@ def test_broken_template_fails_lint_and_render(
         ({"minio": {"enabled": False}}, "/externalS3/endpoint"),
         ({"externalS3": {"endpoint": "https://s3.example.internal"}}, "/externalS3/endpoint"),
         ({"redis": {"image": {"pullPolicy": "Sometimes"}}}, "/redis/image/pullPolicy"),
+        ({"trainer": {"backoffLimit": -1}}, "/trainer/backoffLimit"),
+        ({"trainer": {"backoffLimit": "a few"}}, "/trainer/backoffLimit"),
+        ({"trainer": {"activeDeadlineSeconds": 0}}, "/trainer/activeDeadlineSeconds"),
+        ({"trainer": {"ttlSecondsAfterFinished": -1}}, "/trainer/ttlSecondsAfterFinished"),
+        ({"trainer": {"replicas": 2}}, "replicas"),
     ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any], field: str) -> None:
@@ -209,7 +224,7 @@ def _validate_all(objects: list[dict[str, Any]]) -> None:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
             how[obj["kind"]] = "kubernetes"
     assert how["AnceRun"] == "crd"
-    assert {"CustomResourceDefinition", "Deployment", "Service", "ConfigMap", "Role",
+    assert {"CustomResourceDefinition", "Job", "Deployment", "Service", "ConfigMap", "Role",
             "RoleBinding"} <= {kind for kind, way in how.items() if way == "kubernetes"}
     assert {kind for kind, way in how.items() if way != "kubernetes"} <= CUSTOM_KINDS
 
@@ -223,12 +238,13 @@ def _ancerun_schema() -> dict[str, Any]:
 def test_invalid_kubernetes_object_is_rejected_by_the_validator(
     default_objects: list[dict[str, Any]],
 ) -> None:
-    """The validator has teeth: a misspelt field in a rendered Deployment is refused."""
-    deployment = one(default_objects, "Deployment", f"{FULLNAME}-trainer")
-    broken = yaml.safe_load(yaml.safe_dump(deployment))
-    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
+    """The validator has teeth: a misspelt field in a rendered workload is refused."""
+    for kind, role in (("Job", "trainer"), ("Deployment", "inferencer")):
+        workload = one(default_objects, kind, f"{FULLNAME}-{role}")
+        broken = yaml.safe_load(yaml.safe_dump(workload))
+        broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
 
 
 def test_crd_matches_the_contract() -> None:
@@ -346,7 +362,8 @@ def test_secrets_stay_in_the_secret(auth: dict[str, str]) -> None:
         text = yaml.safe_dump(obj)
         for key, value in values.items():
             assert value not in text, f"{key} appears in {obj['kind']} {obj['metadata']['name']}"
-    for workload in [*find(objects, "Deployment"), *find(objects, "StatefulSet")]:
+    assert len(all_workloads(objects)) == 5  # trainer Job, 2 Deployments, Redis, MinIO
+    for workload in all_workloads(objects):
         for container in containers(workload):
             for name, item in env_of(container).items():
                 if name in SECRET_ENV or name in {"REDIS_PASSWORD", "REDISCLI_AUTH",
@@ -385,7 +402,7 @@ def test_secret_is_kept_on_upgrade_via_lookup() -> None:
 
 
 def _services_source() -> str:
-    files = (REPO_ROOT / "services").rglob("*.py")
+    files = (REPO_ROOT / "src" / "ance_train").rglob("*.py")
     return "\n".join(p.read_text() for p in files if "proto" not in p.parts)
 
 
@@ -428,13 +445,13 @@ def test_every_ance_env_var_is_read_by_the_services(
     production_objects: list[dict[str, Any]],
 ) -> None:
     """Every ANCE_* variable the chart sets (extraEnv of the production values included) is
-    named in services/. Fails until the cluster-mode code reads each of them."""
+    named in src/ance_train/. Fails until the cluster-mode code reads each of them."""
     source = _services_source()
     set_by_chart = {name for w in ance_workloads(production_objects).values()
                     for c in containers(w) for name in env_of(c) if name.startswith("ANCE_")}
     assert CONTRACT_ENV | {"ANCE_LOG_LEVEL"} <= set_by_chart
     unread = sorted(n for n in set_by_chart if not re.search(rf"\b{n}\b", source))
-    assert not unread, f"set by the chart but read nowhere in services/: {unread}"
+    assert not unread, f"set by the chart but read nowhere in src/ance_train/: {unread}"
 
 
 def test_external_endpoints(production_objects: list[dict[str, Any]]) -> None:
@@ -476,10 +493,107 @@ def test_roles_commands_and_strategies(default_objects: list[dict[str, Any]]) ->
         assert main["image"] == "ance-train:0.1.0"
         assert "command" not in main  # the image's ENTRYPOINT (ance-train) runs
     assert pod_spec(workloads["trainer"])["initContainers"][0]["args"] == ["prepare"]
-    for role in ("trainer", "indexer"):
-        assert workloads[role]["spec"]["replicas"] == 1
-        assert workloads[role]["spec"]["strategy"] == {"type": "Recreate"}
+    # One indexer, never two at once (Recreate); the trainer's equivalent is its Job's
+    # parallelism (test_trainer_is_a_job_that_runs_one_pod_to_completion).
+    assert workloads["indexer"]["spec"]["replicas"] == 1
+    assert workloads["indexer"]["spec"]["strategy"] == {"type": "Recreate"}
     assert "initContainers" not in pod_spec(workloads["inferencer"])
+    assert "initContainers" not in pod_spec(workloads["indexer"])
+
+
+def test_trainer_is_a_job_that_runs_one_pod_to_completion(
+    default_objects: list[dict[str, Any]], production_objects: list[dict[str, Any]],
+) -> None:
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["trainer"]
+    assert 1 <= defaults["backoffLimit"] <= 10  # a few retries: each resumes from a checkpoint
+    for objects in (default_objects, production_objects):
+        name = f"{FULLNAME}-trainer"
+        assert not find(objects, "Deployment", name) + find(objects, "StatefulSet", name)
+        job = one(objects, "Job", name)
+        assert job["apiVersion"] == "batch/v1"
+        spec = job["spec"]
+        assert (spec["completions"], spec["parallelism"]) == (1, 1)  # never two trainers
+        assert spec["backoffLimit"] == defaults["backoffLimit"]
+        assert not {"ttlSecondsAfterFinished", "activeDeadlineSeconds"} & set(spec)
+        # Kubernetes generates the Job's selector (a unique controller-uid label).
+        assert not {"selector", "manualSelector"} & set(spec)
+        # A retry is a new pod, created once the failed one has terminated (what a pod failure
+        # policy implies); pods the cluster disrupts are retried without using up backoffLimit.
+        assert pod_spec(job)["restartPolicy"] == "Never"
+        assert spec["podFailurePolicy"] == {"rules": [{
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
+        assert [c["name"] for c in containers(job)] == ["prepare", "trainer"]
+        assert pod_labels(job)["ance-train.io/service"] == "true"  # NetworkPolicy, Service
+
+
+@pytest.mark.parametrize(
+    ("trainer", "expected"),
+    [
+        ({"backoffLimit": 0}, {"backoffLimit": 0}),
+        ({"backoffLimit": 7, "activeDeadlineSeconds": 259200, "ttlSecondsAfterFinished": 0},
+         {"backoffLimit": 7, "activeDeadlineSeconds": 259200, "ttlSecondsAfterFinished": 0}),
+        ({"ttlSecondsAfterFinished": 604800},
+         {"backoffLimit": 4, "ttlSecondsAfterFinished": 604800}),
+    ],
+    ids=["no-retry", "all-set", "ttl-only"],
+)
+def test_trainer_job_settings_from_values(
+    trainer: dict[str, int], expected: dict[str, int],
+) -> None:
+    job = one(render_chart({"trainer": trainer}), "Job", f"{FULLNAME}-trainer")
+    settings = ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished")
+    assert {k: job["spec"][k] for k in settings if k in job["spec"]} == expected
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (1, 1)
+    kubernetes_validate.validate(job, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("replicas", [0, 1, 7])
+def test_inferencer_replicas_follow_values(replicas: int) -> None:
+    objects = render_chart({"inferencer": {"replicas": replicas}})
+    assert one(objects, "Deployment", f"{FULLNAME}-inferencer")["spec"]["replicas"] == replicas
+    assert one(objects, "Deployment", f"{FULLNAME}-indexer")["spec"]["replicas"] == 1
+    assert one(objects, "Job", f"{FULLNAME}-trainer")["spec"]["parallelism"] == 1
+    assert f"inferencer ×{replicas}," in render_notes({"inferencer": {"replicas": replicas}})
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("trainer.yaml", [("Job", "trainer"), ("Service", "trainer")]),
+        ("inferencer.yaml", [("Deployment", "inferencer"), ("Service", "inferencer")]),
+        ("indexer.yaml", [("Deployment", "indexer"), ("Service", "indexer")]),
+        ("redis.yaml", [("Service", "redis"), ("StatefulSet", "redis")]),
+        ("minio.yaml", [("Service", "minio"), ("StatefulSet", "minio")]),
+    ],
+)
+def test_each_workload_is_written_out_in_its_own_template(
+    template: str, expected: list[tuple[str, str]],
+) -> None:
+    """Each workload's manifest is readable in its own file (as `helm create` writes them):
+    its kinds and the shape of its pod spelled out there, not generated by a helper."""
+    source = (CHART_DIR / "templates" / template).read_text()
+    assert re.findall(r"^kind: (\w+)$", source, re.M) == [kind for kind, _ in expected]
+    for key in ("apiVersion:", "metadata:", "spec:", "template:", "containers:", "image:",
+                "ports:", "volumeMounts:", "securityContext:", "resources:"):
+        assert key in source, f"{template} lacks {key}"
+    rendered = next(text for path, text in render_manifests().items()
+                    if path.endswith(f"/templates/{template}"))
+    assert [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(rendered) if o] == [
+        (kind, f"{FULLNAME}-{role}") for kind, role in expected]
+
+
+def test_helpers_are_small_and_render_no_object() -> None:
+    """_helpers.tpl keeps only short shared pieces: no helper renders a whole object."""
+    text = (CHART_DIR / "templates" / "_helpers.tpl").read_text()
+    helpers = re.split(r'^\{\{-? define "', text, flags=re.M)[1:]
+    assert len(helpers) >= 10
+    for helper in helpers:
+        name, body = helper.split('"', 1)
+        assert not re.search(r"^\s*(apiVersion|kind|template|containers):", body, re.M), name
+        assert body.count("\n") <= 60, f"{name}: {body.count(chr(10))} lines"
+    for workload in ("deployment", "statefulset", "job", "service"):
+        assert f'"ance-train.{workload}"' not in text
 
 
 def test_security_context_of_every_container(
@@ -487,7 +601,7 @@ def test_security_context_of_every_container(
 ) -> None:
     checked = 0
     for objects in (default_objects, production_objects):
-        for workload in [*find(objects, "Deployment"), *find(objects, "StatefulSet")]:
+        for workload in all_workloads(objects):
             spec = pod_spec(workload)
             pod_ctx = spec.get("securityContext", {})
             assert pod_ctx.get("seccompProfile") == {"type": "RuntimeDefault"}
@@ -703,7 +817,8 @@ def test_notes_tell_how_to_watch_the_run() -> None:
     for line in (
         f"kubectl -n {NAMESPACE} get anceruns -w",
         "get events --field-selector involvedObject.kind=AnceRun",
-        f"logs -f deploy/{FULLNAME}-trainer",
+        f"logs -f job/{FULLNAME}-trainer",
+        f"get job {FULLNAME}-trainer -w",
         f"scale deploy/{FULLNAME}-inferencer --replicas=",
         f"port-forward svc/{FULLNAME}-minio 9000:9000",
         "ance-train status --run-id ance-run",
@@ -771,7 +886,7 @@ def test_dockerignore_keeps_the_context_to_the_package() -> None:
              if line.strip() and not line.startswith("#")]
     assert lines[0] == "*"  # everything excluded, then the package sources allowed back
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "services"}
+    assert allowed == {"pyproject.toml", "README.md", "src"}
     copied = {path.rstrip("/") for name in ("Dockerfile", "Dockerfile.cpu")
               for k, v in ((i["instruction"], i["value"]) for i in _dockerfile(name).structure)
               if k == "COPY" for path in v.split()[:-1]}

@@ -1,3 +1,10 @@
+{{- /*
+Small pieces shared by several templates: names, labels, the ance containers' environment
+(the ANCE_* contract with the Python services), volumes and mounts, credential references,
+image and resources. No helper renders a whole object: each workload is written out in its
+own template (trainer.yaml, inferencer.yaml, indexer.yaml, redis.yaml, minio.yaml).
+*/}}
+
 {{/* Chart name. */}}
 {{- define "ance-train.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
@@ -156,6 +163,7 @@ secretKeyRef:
 {{- end }}
 {{- end }}
 
+{{/* Mounts of every ance container (the pod's volumes are "ance-train.volumes"). */}}
 {{- define "ance-train.volumeMounts" -}}
 - name: config
   mountPath: /etc/ance
@@ -172,6 +180,7 @@ secretKeyRef:
   mountPath: /tmp
 {{- end }}
 
+{{/* Volumes of every ance pod: the run config, the dataset (read-only), scratch space. */}}
 {{- define "ance-train.volumes" -}}
 - name: config
   configMap:
@@ -205,153 +214,6 @@ secretKeyRef:
 {{- $_ := set $res "limits" (merge (dict $ctx.Values.gpuResourceName $gpus) ($res.limits | default dict)) }}
 {{- end }}
 {{- toYaml $res }}
-{{- end }}
-
-{{/* gRPC probes on the health service; every ance container serves it on port 50051. */}}
-{{- define "ance-train.probes" -}}
-startupProbe:
-  grpc:
-    port: 50051
-  {{- toYaml .Values.probes.startup | nindent 2 }}
-readinessProbe:
-  grpc:
-    port: 50051
-  {{- toYaml .Values.probes.readiness | nindent 2 }}
-livenessProbe:
-  grpc:
-    port: 50051
-  {{- toYaml .Values.probes.liveness | nindent 2 }}
-{{- end }}
-
-{{- define "ance-train.ports" -}}
-- name: grpc
-  containerPort: 50051
-  protocol: TCP
-- name: metrics
-  containerPort: 9100
-  protocol: TCP
-{{- end }}
-
-{{/* A Deployment of one ance role; args: (dict "ctx" $ "role" "trainer" "replicas" N
-     "strategy" "Recreate" "initPrepare" bool). */}}
-{{- define "ance-train.deployment" -}}
-{{- $ctx := .ctx }}
-{{- $role := .role }}
-{{- $spec := index $ctx.Values $role }}
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: {{ include "ance-train.fullname" $ctx }}-{{ $role }}
-  labels:
-    {{- include "ance-train.labels" $ctx | nindent 4 }}
-    app.kubernetes.io/component: {{ $role }}
-spec:
-  replicas: {{ .replicas }}
-  {{- if .strategy }}
-  strategy:
-    type: {{ .strategy }}
-  {{- end }}
-  selector:
-    matchLabels:
-      {{- include "ance-train.selectorLabels" $ctx | nindent 6 }}
-      app.kubernetes.io/component: {{ $role }}
-  template:
-    metadata:
-      labels:
-        {{- include "ance-train.selectorLabels" $ctx | nindent 8 }}
-        app.kubernetes.io/component: {{ $role }}
-        ance-train.io/service: "true"
-        {{- with $ctx.Values.podLabels }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
-      annotations:
-        {{- /* Restarts the pods when the run config changes; independent of replicas. */}}
-        checksum/config: {{ include (print $ctx.Template.BasePath "/configmap.yaml") $ctx | sha256sum }}
-        {{- with $ctx.Values.podAnnotations }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
-    spec:
-      serviceAccountName: {{ include "ance-train.serviceAccountName" $ctx }}
-      automountServiceAccountToken: true
-      {{- with $ctx.Values.imagePullSecrets }}
-      imagePullSecrets:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      securityContext:
-        {{- toYaml $ctx.Values.podSecurityContext | nindent 8 }}
-      {{- if .initPrepare }}
-      initContainers:
-        - name: prepare
-          image: {{ include "ance-train.image" $ctx }}
-          imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
-          args: ["prepare"]
-          env:
-            {{- include "ance-train.env" $ctx | nindent 12 }}
-          volumeMounts:
-            {{- include "ance-train.volumeMounts" $ctx | nindent 12 }}
-          resources:
-            {{- toYaml $spec.prepare.resources | nindent 12 }}
-          securityContext:
-            {{- toYaml $ctx.Values.containerSecurityContext | nindent 12 }}
-      {{- end }}
-      containers:
-        - name: {{ $role }}
-          image: {{ include "ance-train.image" $ctx }}
-          imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
-          args: ["serve", {{ $role | quote }}]
-          ports:
-            {{- include "ance-train.ports" $ctx | nindent 12 }}
-          env:
-            {{- include "ance-train.env" $ctx | nindent 12 }}
-          volumeMounts:
-            {{- include "ance-train.volumeMounts" $ctx | nindent 12 }}
-          {{- include "ance-train.probes" $ctx | nindent 10 }}
-          resources:
-            {{- include "ance-train.resources" (list $ctx $spec.resources $spec.gpus) | nindent 12 }}
-          securityContext:
-            {{- toYaml $ctx.Values.containerSecurityContext | nindent 12 }}
-      volumes:
-        {{- include "ance-train.volumes" $ctx | nindent 8 }}
-      {{- with $spec.nodeSelector }}
-      nodeSelector:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $spec.tolerations }}
-      tolerations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $spec.affinity }}
-      affinity:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-{{- end }}
-
-{{/* The ClusterIP Service of one ance role: gRPC and metrics. */}}
-{{- define "ance-train.service" -}}
-{{- $ctx := .ctx }}
-apiVersion: v1
-kind: Service
-metadata:
-  name: {{ include "ance-train.fullname" $ctx }}-{{ .role }}
-  labels:
-    {{- include "ance-train.labels" $ctx | nindent 4 }}
-    app.kubernetes.io/component: {{ .role }}
-    ance-train.io/service: "true"
-spec:
-  type: ClusterIP
-  selector:
-    {{- include "ance-train.selectorLabels" $ctx | nindent 4 }}
-    app.kubernetes.io/component: {{ .role }}
-  ports:
-    - name: grpc
-      port: 50051
-      targetPort: grpc
-      protocol: TCP
-      appProtocol: grpc
-    - name: metrics
-      port: 9100
-      targetPort: metrics
-      protocol: TCP
 {{- end }}
 
 {{/* NetworkPolicy egress rule: DNS to any resolver. */}}
