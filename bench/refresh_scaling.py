@@ -39,7 +39,8 @@ from ance_train.config import default_model_path, load_config
 from ance_train.infra import bus as events
 from ance_train.launcher.embedded import EmbeddedRun
 from ance_train.modeling.model import load_tokenizer
-from ance_train.protocol.refresh import eval_key
+from ance_train.protocol import keys
+from ance_train.protocol.events import CheckpointPublished, NegativesReady, ShardEncoded
 
 from report import command_line, machine, utc_now, write_report
 
@@ -93,33 +94,33 @@ def mean_doc_tokens(model: str, data: Path, max_length: int) -> float:
 def refreshes(bus: events.EventBus, store) -> list[dict]:
     """Period and its parts for every checkpoint that got its negatives."""
     published = {e.step: events.entry_seconds(e.entry_id)
-                 for e in bus.history(events.CHECKPOINT_PUBLISHED)}
+                 for e in bus.history(CheckpointPublished)}
     ready = {e.step: events.entry_seconds(e.entry_id)
-             for e in bus.history(events.NEGATIVES_READY) if e.step >= 0}
-    shards: dict[int, list[events.Event]] = {}
-    for event in bus.history(events.SHARD_ENCODED):
-        shards.setdefault(event.step, []).append(event)
+             for e in bus.history(NegativesReady) if e.step is not None}
+    shards: dict[int, list[events.Received[ShardEncoded]]] = {}
+    for received in bus.history(ShardEncoded):
+        shards.setdefault(received.step, []).append(received)
     out = []
     for step in sorted(set(published) & set(ready)):
         period = ready[step] - published[step]
         done = shards[step]
         encode_wall = max(events.entry_seconds(e.entry_id) for e in done) - published[step]
-        instances = sorted({e.payload["instance"] for e in done})
-        busy = {part: sum(e.payload.get(f"{part}_s", 0.0) for e in done)
+        instances = sorted({e.event.instance for e in done})
+        busy = {part: sum(getattr(e.event, f"{part}_s") for e in done)
                 for part in ("load", "encode", "upload")}
         capacity = len(instances) * encode_wall
         busy["idle"] = max(capacity - sum(busy.values()), 0.0)
         scale = encode_wall / max(sum(busy.values()), 1e-9)
-        timings = store.get_json(eval_key(step))["timings"]
+        timings = store.get_json(keys.eval_report(step))["timings"]
         parts = {part: seconds * scale for part, seconds in busy.items()}
         parts.update(index=timings["build_s"], mine=timings["mine_s"], eval=timings["eval_s"])
         parts["other"] = period - sum(parts.values())
         per_replica = {}
         for instance in instances:
-            corpus = [e.payload for e in done
-                      if e.payload["instance"] == instance and e.payload["kind"] == "corpus"]
-            docs = sum(p["count"] for p in corpus)
-            seconds = sum(p["encode_s"] for p in corpus)
+            corpus = [e.event for e in done
+                      if e.event.instance == instance and e.event.kind == "corpus"]
+            docs = sum(p.count for p in corpus)
+            seconds = sum(p.encode_s for p in corpus)
             per_replica[instance] = {"corpus_docs": docs, "encode_s": seconds,
                                      "docs_per_s": docs / seconds if seconds else None}
         out.append({"step": step, "period_s": period, "encode_phase_s": encode_wall,

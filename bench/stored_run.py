@@ -15,7 +15,9 @@ import numpy as np
 from ance_train.config import IndexConfig
 from ance_train.data.dataset import DatasetIndex
 from ance_train.index.ann import AnnIndex
-from ance_train.protocol.refresh import query_order, unpack_embeddings
+from ance_train.protocol import keys
+from ance_train.protocol.embeddings import unpack_embeddings
+from ance_train.protocol.work import query_order
 
 
 def find_run_dir(run_id: str, roots: list[Path]) -> Path:
@@ -40,8 +42,8 @@ class StoredCheckpoint:
 
 def load_checkpoint(store_dir: Path, step: int, similarity: str) -> StoredCheckpoint:
     """The embeddings of checkpoint ``step`` in a flat ``AnnIndex`` (the indexer's own code)."""
-    dataset = DatasetIndex.from_json((store_dir / "data" / "dataset.json").read_text())
-    shards = store_dir / "embeddings" / str(step)
+    dataset = DatasetIndex.from_json((store_dir / keys.DATASET_INDEX).read_text())
+    shards = store_dir / keys.embeddings(step)
     if not shards.is_dir():
         raise SystemExit(f"{shards}: the embeddings of checkpoint {step} are not there")
     index: AnnIndex | None = None
@@ -58,5 +60,8 @@ def load_checkpoint(store_dir: Path, step: int, similarity: str) -> StoredCheckp
     queries = np.zeros((len(query_row), index.dim), dtype=np.float32)
     for path in sorted(shards.glob("queries-*.npz")):
         ids, vectors = unpack_embeddings(path.read_bytes())
-        queries[ids] = vectors
+        if ids.dtype.kind in "iu":  # runs before query shards carried query ids: rows
+            queries[ids] = vectors
+        else:
+            queries[[query_row[str(q)] for q in ids]] = vectors
     return StoredCheckpoint(dataset, index, queries, query_row)

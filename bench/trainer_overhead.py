@@ -47,8 +47,9 @@ from ance_train.infra.store import LocalStore
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable, uniform_probabilities
-from ance_train.protocol.refresh import negatives_key
-from ance_train.runtime import ServiceContext, ServiceOptions, prepare_dataset
+from ance_train.protocol.events import NegativesReady
+from ance_train.protocol.tables import TableId
+from ance_train.runtime import ServiceOptions, connect_context, prepare_dataset
 from ance_train.trainer.loss import contrastive_nll
 from ance_train.trainer.trainer import Trainer
 
@@ -122,8 +123,9 @@ class FakeIndexer:
         self.published = 0
 
     def publish(self, step: int) -> None:
-        self.store.put_bytes(negatives_key(step), self.tables[step])
-        self.bus.publish(events.NEGATIVES_READY, step, source="ann", key=negatives_key(step))
+        table = TableId.ann(step)
+        self.store.put_bytes(table.key, self.tables[step])
+        self.bus.publish(NegativesReady(tables=(table,)))
         self.published += 1
 
     def _loop(self) -> None:
@@ -250,7 +252,7 @@ def trainer_run(args: argparse.Namespace, root: Path, redis_url: str, index: int
     options = ServiceOptions(role="trainer", config_path=str(config_path), redis_url=redis_url,
                              work_dir=str(root / run_id / "work"), instance="trainer",
                              store_dir=str(root / "store"))
-    ctx = ServiceContext(options)
+    ctx = connect_context(options)
     trainer = Trainer(ctx)
     plain = PlainLoop(args)
     tokenizer = load_tokenizer(args.model)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.launcher.redis_server import RedisServer
 
 from helpers import make_scifact_subset, make_tiny_bert
@@ -38,8 +38,8 @@ def redis_with_password(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def bus(redis_server: RedisServer) -> events.EventBus:
-    return events.EventBus(events.connect(redis_server.url), "test-run")
+def bus(redis_server: RedisServer) -> EventBus:
+    return EventBus(connect(redis_server.url), "test-run")
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,18 @@ from pathlib import Path
 import numpy as np
 
 from ance_train.data.dataset import load_dataset_index
-from ance_train.infra import bus as events
-from ance_train.protocol.refresh import CORPUS, QUERIES, RefreshPlan, unpack_embeddings
+from ance_train.infra.bus import EventBus, Received, WorkQueue
+from ance_train.protocol import keys
+from ance_train.protocol.embeddings import unpack_embeddings
+from ance_train.protocol.events import (
+    CheckpointPublished,
+    EvalCompleted,
+    Event,
+    NegativesReady,
+    RunFinished,
+    ShardEncoded,
+)
+from ance_train.protocol.work import CORPUS, QUERIES, RefreshPlan, ShardWork
 
 from service_harness import Harness, stop, wait_until
 
@@ -80,15 +90,15 @@ class ServiceRun:
         assert not dead, f"services exited: {dead}\n" + "\n".join(
             f"--- {name}\n{self.harness.log(name)[-3000:]}" for name in dead)
 
-    def wait_finished(self, bus: events.EventBus, timeout_s: float) -> None:
+    def wait_finished(self, bus: EventBus, timeout_s: float) -> None:
         """Until the trainer finished and the final checkpoint is evaluated; fails early if a
         service dies."""
         final = self.harness.config.training.steps
 
         def finished() -> bool:
             self.assert_alive()
-            done = any(bus.history(events.RUN_FINISHED))
-            return done and any(e.step == final for e in bus.history(events.EVAL_COMPLETED))
+            done = any(bus.history(RunFinished))
+            return done and any(e.step == final for e in bus.history(EvalCompleted))
 
         wait_until(finished, timeout_s, "the run did not finish", interval_s=0.5)
         assert self.processes["trainer"].wait(timeout=60) == 0
@@ -98,20 +108,20 @@ class ServiceRun:
             stop(process)
 
 
-def refresh_plan(bus: events.EventBus, step: int) -> RefreshPlan | None:
+def refresh_plan(bus: EventBus, step: int) -> RefreshPlan | None:
     """The shard plan announced with checkpoint ``step`` (None before it is published)."""
-    for event in bus.history(events.CHECKPOINT_PUBLISHED):
-        if event.step == step:
-            return RefreshPlan.from_payload(step, event.payload)
+    for received in bus.history(CheckpointPublished):
+        if received.step == step:
+            return received.event.plan
     return None
 
 
-def shards_encoded(bus: events.EventBus, step: int) -> int:
-    return len({(e.payload["kind"], e.payload["shard"])
-                for e in bus.history(events.SHARD_ENCODED) if e.step == step})
+def shards_encoded(bus: EventBus, step: int) -> int:
+    return len({(e.event.kind, e.event.shard)
+                for e in bus.history(ShardEncoded) if e.step == step})
 
 
-def wait_mid_refresh(bus: events.EventBus, step: int, timeout_s: float) -> tuple[int, int]:
+def wait_mid_refresh(bus: EventBus, step: int, timeout_s: float) -> tuple[int, int]:
     """Wait until checkpoint ``step``'s refresh has encoded some shards but not all; returns
     (encoded, total)."""
     plan = wait_until(lambda: refresh_plan(bus, step), timeout_s,
@@ -123,40 +133,40 @@ def wait_mid_refresh(bus: events.EventBus, step: int, timeout_s: float) -> tuple
     return encoded, total
 
 
-def first_entry_after(bus: events.EventBus, event_types: tuple[str, ...], after_ms: int
-                      ) -> events.Event | None:
+def first_entry_after(bus: EventBus, event_types: tuple[type[Event], ...], after_ms: int
+                      ) -> Received | None:
     """The earliest entry of the given streams added at or after ``after_ms``."""
     later = [e for t in event_types for e in bus.history(t) if entry_ms(e.entry_id) >= after_ms]
     return min(later, key=lambda e: entry_ms(e.entry_id), default=None)
 
 
-def assert_nothing_lost(harness: Harness, bus: events.EventBus,
+def assert_nothing_lost(harness: Harness, bus: EventBus,
                         encoded_again: frozenset | set = frozenset()) -> dict:
     """Every checkpoint the trainer made was announced, queued, encoded completely (each shard
     once, or again only by a redelivery or, for ``encoded_again``, a second work item),
     indexed and evaluated; returns counts for the report.
     """
     config, store = harness.config, harness.store
-    summary = store.get_json("trainer/summary.json")
+    summary = store.get_json(keys.TRAINER_SUMMARY)
     assert summary["finished"] and summary["steps"] == config.training.steps
     checkpoints = summary["checkpoints"]
     assert checkpoints == [0, config.training.steps]
 
-    published = [e.step for e in bus.history(events.CHECKPOINT_PUBLISHED)]
+    published = [e.step for e in bus.history(CheckpointPublished)]
     assert set(published) == set(checkpoints), published
     queued = Counter()
-    for _, fields in bus.client.xrange(bus.stream(events.WORK_QUEUE)):
+    for _, fields in bus.client.xrange(bus.stream(ShardWork)):
         item = json.loads(fields["data"])
         queued[(item["step"], item["kind"], item["shard"])] += 1
-    queue = events.WorkQueue(bus, config.inference.claim_timeout_s)
+    queue = WorkQueue(bus, config.inference.claim_timeout_s)
     assert queue.pending_count() == 0, "every work item must end acknowledged"
 
     encoded = Counter()
     redelivered = set()
-    for event in bus.history(events.SHARD_ENCODED):
-        name = (event.step, event.payload["kind"], event.payload["shard"])
+    for event in bus.history(ShardEncoded):
+        name = (event.step, event.event.kind, event.event.shard)
         encoded[name] += 1
-        if event.payload["attempt"] >= 2:
+        if event.event.attempt >= 2:
             redelivered.add(name)
     num_docs = load_dataset_index(harness.root / "cache").num_docs
     for step in checkpoints:
@@ -170,11 +180,11 @@ def assert_nothing_lost(harness: Harness, bus: events.EventBus,
         for name in expected:
             again = name in redelivered or name in encoded_again
             assert encoded[name] == 1 or (again and encoded[name] == 2), f"{name} encoded twice"
-        assert set(store.list(f"embeddings/{step}")) == plan.expected_keys()
+        assert set(store.list(keys.embeddings(step))) == plan.expected_keys()
         ids = [unpack_embeddings(store.get_bytes(key))[0]  # sha256 verified on read
                for key in sorted(plan.expected_keys()) if f"/{CORPUS}-" in key]
         np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(num_docs))
-    for event_type in (events.NEGATIVES_READY, events.EVAL_COMPLETED):
+    for event_type in (NegativesReady, EvalCompleted):
         steps = {e.step for e in bus.history(event_type)}
         assert set(checkpoints) <= steps, f"{event_type} missing: {steps}"
     assert any(s["negatives_step"] == 0 for s in summary["swaps"]), summary["swaps"]

@@ -73,9 +73,10 @@ class Harness:
         return (self.root / f"{instance}.log").read_text(errors="replace")
 
 
-def checkpoint_steps(bus, event_type: str) -> list[int]:
-    """The checkpoint steps of every ``event_type`` event so far (BM25's step -1 left out)."""
-    return [e.step for e in bus.history(event_type) if e.step >= 0]
+def checkpoint_steps(bus, event_type: type) -> list[int]:
+    """The checkpoint steps of every ``event_type`` event so far (the BM25 table, which no
+    checkpoint mined, left out)."""
+    return [e.step for e in bus.history(event_type) if e.step is not None]
 
 
 def three_checkpoint_sections(run_id: str, data: Path, model: Path, negatives: dict,

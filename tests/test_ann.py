@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ance_train.index.ann import AnnIndex, Superseded
+from ance_train.index.ann import AnnIndex
+from ance_train.protocol.supersession import Superseded
 
 DIM = 16
 
@@ -82,8 +83,16 @@ def test_dimension_mismatch_raises() -> None:
     assert len(index) == 0
 
 
-def test_should_stop_raises_superseded() -> None:
+def test_cancel_hook_abandons_the_search_between_batches() -> None:
     ids, vectors, queries = _data(3)
     index = _index(ids, vectors)
+    calls = []
+
+    def cancel() -> None:
+        calls.append(len(calls))
+        if len(calls) == 2:  # let the first batch through, abandon before the second
+            raise Superseded(0)
+
     with pytest.raises(Superseded):
-        index.search(queries, k=3, batch_size=4, should_stop=lambda: True)
+        index.search(queries, k=3, batch_size=4, cancel=cancel)
+    assert calls == [0, 1]

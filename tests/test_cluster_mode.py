@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.credentials import redact_url
 from ance_train.launcher.redis_server import RedisServer
 
@@ -131,7 +131,7 @@ def test_service_authenticates_with_the_password_and_logs_no_secret(
     password = redis_with_password.password
     process = published.spawn("inferencer", "inf-auth", {
         "ANCE_CLUSTER_MODE": "1", "ANCE_REDIS_PASSWORD": password})
-    bus = events.EventBus(events.connect(published.redis_url, password),
+    bus = EventBus(connect(published.redis_url, password),
                           published.config.run_id)
     try:
         wait_registered(published, bus, process, "inferencer", "inf-auth")
@@ -159,7 +159,7 @@ def test_password_in_the_url_is_redacted_in_the_log(published: Harness,
     password = redis_with_password.password
     url = f"redis://:{password}@127.0.0.1:{redis_with_password.port}/0"
     process = published.spawn("inferencer", "inf-url", {"ANCE_REDIS_URL": url})
-    bus = events.EventBus(events.connect(published.redis_url, password),
+    bus = EventBus(connect(published.redis_url, password),
                           published.config.run_id)
     try:
         wait_registered(published, bus, process, "inferencer", "inf-url")

@@ -18,8 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.infra import bus as events
-from ance_train.protocol.refresh import eval_key, negatives_key
+from ance_train.infra.bus import EventBus, connect
+from ance_train.protocol import keys
+from ance_train.protocol.events import (
+    CheckpointPublished,
+    EvalCompleted,
+    Event,
+    NegativesReady,
+    ShardEncoded,
+)
+from ance_train.protocol.tables import TableId
+from ance_train.protocol.work import ShardWork
 
 from fault_report import record_fault
 from service_harness import Harness, stop, wait_until
@@ -29,32 +38,31 @@ pytestmark = pytest.mark.fault
 GROUP = "indexer"
 
 
-def _built(bus: events.EventBus) -> list[int]:
-    return [e.step for e in bus.history(events.NEGATIVES_READY) if e.step >= 0]
+def _built(bus: EventBus) -> list[int]:
+    return [e.step for e in bus.history(NegativesReady) if e.step is not None]
 
 
-def _replay(bus: events.EventBus, event_type: str, step: int) -> str:
+def _replay(bus: EventBus, event_type: type[Event], step: int) -> str:
     """Publish again the first real event of ``event_type`` for ``step``."""
     original = next(e for e in bus.history(event_type) if e.step == step)
-    payload = {k: v for k, v in original.payload.items() if k not in ("run_id", "step")}
-    return bus.publish(event_type, step, **payload)
+    return bus.publish(original.event)
 
 
-def _read_past(bus: events.EventBus, event_type: str, entry_id: str) -> bool:
+def _read_past(bus: EventBus, event_type: type[Event], entry_id: str) -> bool:
     """Whether the indexer's group has been delivered ``entry_id`` and acknowledged it."""
     group = next(g for g in bus.client.xinfo_groups(bus.stream(event_type)) if g["name"] == GROUP)
     delivered = tuple(int(p) for p in group["last-delivered-id"].split("-"))
     return delivered >= tuple(int(p) for p in entry_id.split("-")) and group["pending"] == 0
 
 
-def _encoded(bus: events.EventBus, steps: set[int], exclude: set[str]) -> list[tuple[int, str]]:
-    return sorted((e.step, e.payload["key"]) for e in bus.history(events.SHARD_ENCODED)
+def _encoded(bus: EventBus, steps: set[int], exclude: set[str]) -> list[tuple[int, str]]:
+    return sorted((e.step, e.event.key) for e in bus.history(ShardEncoded)
                   if e.step in steps and e.entry_id not in exclude)
 
 
 def _artefacts(harness: Harness, steps: list[int]) -> dict[str, str]:
-    keys = [negatives_key(s) for s in steps] + [eval_key(s) for s in steps]
-    return {key: hashlib.sha256(harness.store.get_bytes(key)).hexdigest() for key in keys}
+    names = [TableId.ann(s).key for s in steps] + [keys.eval_report(s) for s in steps]
+    return {key: hashlib.sha256(harness.store.get_bytes(key)).hexdigest() for key in names}
 
 
 def test_duplicate_and_stale_events_change_nothing(tmp_path: Path, redis_server, tiny_model,
@@ -68,7 +76,7 @@ def test_duplicate_and_stale_events_change_nothing(tmp_path: Path, redis_server,
         inference={"shard_size": 100, "claim_timeout_s": 10, "torch_threads": 1},
         index={"eval_depth": 100},
     )
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
     processes = [harness.spawn("indexer", "indexer"), harness.spawn("inferencer", "inferencer"),
                  harness.spawn("trainer", "trainer")]
     try:
@@ -77,12 +85,12 @@ def test_duplicate_and_stale_events_change_nothing(tmp_path: Path, redis_server,
         steps = [0, k]
         before = _artefacts(harness, steps)
         encoded_before = _encoded(bus, set(steps), exclude=set())
-        work_before = bus.client.xlen(bus.stream(events.WORK_QUEUE))
+        work_before = bus.client.xlen(bus.stream(ShardWork))
         injected = {
-            events.SHARD_ENCODED: [_replay(bus, events.SHARD_ENCODED, k),
-                                   _replay(bus, events.SHARD_ENCODED, 0)],
-            events.CHECKPOINT_PUBLISHED: [_replay(bus, events.CHECKPOINT_PUBLISHED, k),
-                                          _replay(bus, events.CHECKPOINT_PUBLISHED, 0)],
+            ShardEncoded: [_replay(bus, ShardEncoded, k),
+                                   _replay(bus, ShardEncoded, 0)],
+            CheckpointPublished: [_replay(bus, CheckpointPublished, k),
+                                          _replay(bus, CheckpointPublished, 0)],
         }
         injected_at = time.monotonic()
         wait_until(lambda: all(_read_past(bus, t, ids[-1]) for t, ids in injected.items()),
@@ -90,14 +98,14 @@ def test_duplicate_and_stale_events_change_nothing(tmp_path: Path, redis_server,
         # A newer build shows the indexer's loop went on past the injected events.
         wait_until(lambda: max(_built(bus)) > k, 300, "no newer checkpoint was indexed")
         settled_s = time.monotonic() - injected_at
-        work_queued = bus.client.xrange(bus.stream(events.WORK_QUEUE))
+        work_queued = bus.client.xrange(bus.stream(ShardWork))
     finally:
         for process in processes:
             stop(process)
 
     assert _artefacts(harness, steps) == before, "negatives or eval files were rewritten"
     built = _built(bus)
-    evaluated = [e.step for e in bus.history(events.EVAL_COMPLETED)]
+    evaluated = [e.step for e in bus.history(EvalCompleted)]
     for step in steps:
         assert built.count(step) == 1, f"negatives.ready of {step} published again"
         assert evaluated.count(step) == 1, f"eval.completed of {step} published again"

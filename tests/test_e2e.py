@@ -22,13 +22,10 @@ from ance_train.config import load_config
 from ance_train.data.dataset import load_dataset_index
 from ance_train.infra.store import store_from_env
 from ance_train.negatives.table import PAD, NegativesTable
-from ance_train.protocol.refresh import (
-    CORPUS,
-    QUERIES,
-    RefreshPlan,
-    negatives_key,
-    unpack_embeddings,
-)
+from ance_train.protocol import keys
+from ance_train.protocol.embeddings import unpack_embeddings
+from ance_train.protocol.tables import TableId
+from ance_train.protocol.work import CORPUS, QUERIES, RefreshPlan, query_order
 
 from helpers import write_config
 from service_harness import wait_until
@@ -169,19 +166,21 @@ def test_every_shard_of_every_refresh_encoded_exactly_once(finished_run) -> None
     store, config, dataset = finished_run["store"], finished_run["config"], finished_run["dataset"]
     for step in refreshed_steps(store):
         plan = RefreshPlan.for_run(step, config, dataset)
-        present = set(store.list(f"embeddings/{step}"))
+        present = set(store.list(keys.embeddings(step)))
         assert present == plan.expected_keys(), f"checkpoint {step}"
         for kind, total in ((CORPUS, dataset.num_docs), (QUERIES, len(plan.query_ranges))):
-            keys = sorted(k for k in present if f"/{kind}-" in k)
-            ids = np.concatenate([unpack_embeddings(store.get_bytes(k))[0] for k in keys])
+            shard_keys = sorted(k for k in present if f"/{kind}-" in k)
+            ids = np.concatenate([unpack_embeddings(store.get_bytes(k))[0] for k in shard_keys])
             if kind == CORPUS:
                 np.testing.assert_array_equal(np.sort(ids), np.arange(total))
+            else:  # query shards carry the query ids themselves
+                assert set(ids.tolist()) == set(query_order(dataset)), f"queries of {step}"
             assert len(ids) == len(set(ids.tolist())), f"duplicate rows in {kind} of {step}"
 
 
 def test_negatives_never_contain_a_positive_and_change_between_refreshes(finished_run) -> None:
     store, dataset = finished_run["store"], finished_run["dataset"]
-    tables = [NegativesTable.from_bytes(store.get_bytes(negatives_key(s)))
+    tables = [NegativesTable.from_bytes(store.get_bytes(TableId.ann(s).key))
               for s in refreshed_steps(store)]
     for table in tables:
         assert len(table) == len(dataset.train)

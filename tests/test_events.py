@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import time
 
-from ance_train.infra import bus as events
-from ance_train.infra.bus import EventBus, WorkQueue
+from ance_train.infra.bus import EventBus, WorkQueue, connect
+from ance_train.protocol.events import NegativesReady, RunFinished
+from ance_train.protocol.tables import TableId
+from ance_train.protocol.work import ShardKind, ShardWork
 
-EVENT = events.CHECKPOINT_PUBLISHED
+EVENT = RunFinished
 
 
 def _publish(bus: EventBus, steps: range) -> list[str]:
-    return [bus.publish(EVENT, step, key=f"checkpoints/{step}") for step in steps]
+    return [bus.publish(RunFinished(step=step)) for step in steps]
+
+
+def _work(step: int, kind: str, ranges: list[tuple[int, int]]) -> list[ShardWork]:
+    return [ShardWork(step=step, kind=ShardKind(kind), shard=shard, start=start, stop=stop)
+            for shard, (start, stop) in enumerate(ranges)]
 
 
 def test_publish_consume_once_per_group_and_every_group(bus: EventBus) -> None:
@@ -19,8 +26,7 @@ def test_publish_consume_once_per_group_and_every_group(bus: EventBus) -> None:
     first = bus.consume(EVENT, "indexer", "i-0", block_ms=100)
     assert [e.entry_id for e in first] == ids
     assert [e.step for e in first] == [0, 1, 2, 3, 4]
-    assert first[2].type == EVENT
-    assert first[2].payload == {"run_id": "test-run", "step": 2, "key": "checkpoints/2"}
+    assert first[2].event == RunFinished(run_id="test-run", step=2)
     for event in first:
         bus.ack(EVENT, "indexer", event.entry_id)
     assert bus.consume(EVENT, "indexer", "i-0", block_ms=100) == []
@@ -51,7 +57,7 @@ def test_unacked_events_are_redelivered_after_restart(bus: EventBus, redis_serve
     assert [e.entry_id for e in got] == ids
     bus.ack(EVENT, "trainer", ids[0])
     # "Restart": a new client and bus, the same consumer name.
-    restarted = EventBus(events.connect(redis_server.url), "test-run")
+    restarted = EventBus(connect(redis_server.url), "test-run")
     again = restarted.consume(EVENT, "trainer", "t-0", block_ms=100)
     assert [e.entry_id for e in again] == ids[1:]
     assert [e.step for e in again] == [1, 2]
@@ -93,13 +99,13 @@ def test_read_all_with_cursor(bus: EventBus) -> None:
 
 
 def test_streams_are_per_run_and_per_type(bus: EventBus, redis_server) -> None:
-    other_run = EventBus(events.connect(redis_server.url), "other-run")
+    other_run = EventBus(connect(redis_server.url), "other-run")
     _publish(bus, range(2))
-    other_run.publish(EVENT, 9)
-    bus.publish(events.NEGATIVES_READY, 4)
+    other_run.publish(RunFinished(step=9))
+    bus.publish(NegativesReady(tables=(TableId.ann(4),)))
     assert [e.step for e in bus.read_all(EVENT)] == [0, 1]
     assert [e.step for e in other_run.read_all(EVENT)] == [9]
-    assert [e.step for e in bus.read_all(events.NEGATIVES_READY)] == [4]
+    assert [e.step for e in bus.read_all(NegativesReady)] == [4]
 
 
 RANGES = [(0, 10), (10, 20), (20, 30), (30, 35)]
@@ -107,7 +113,7 @@ RANGES = [(0, 10), (10, 20), (20, 30), (30, 35)]
 
 def test_work_queue_consumers_claim_disjoint_items(bus: EventBus) -> None:
     queue = WorkQueue(bus, claim_timeout_s=30)
-    queue.enqueue(4, "corpus", RANGES)
+    queue.enqueue(_work(4, "corpus", RANGES))
     claimed = {"r0": [], "r1": []}
     while True:
         progressed = False
@@ -135,7 +141,7 @@ def test_work_queue_consumers_claim_disjoint_items(bus: EventBus) -> None:
 
 def test_silent_item_is_reclaimed_and_heartbeaten_item_is_not(bus: EventBus) -> None:
     queue = WorkQueue(bus, claim_timeout_s=0.3)
-    queue.enqueue(8, "queries", [(0, 5)])
+    queue.enqueue(_work(8, "queries", [(0, 5)]))
     item = queue.claim("alive", block_ms=0)
     assert item is not None and item.attempt == 1
     # Heart-beaten every 0.1 s for 1 s: never reclaimed.
@@ -170,7 +176,7 @@ def test_silent_item_is_reclaimed_behind_many_live_items(bus: EventBus) -> None:
     The live items were claimed first, so they sit ahead of the dead one in the pending list.
     """
     queue = WorkQueue(bus, claim_timeout_s=0.3)
-    queue.enqueue(2, "corpus", [(i, i + 1) for i in range(14)])
+    queue.enqueue(_work(2, "corpus", [(i, i + 1) for i in range(14)]))
     live = [queue.claim(f"live-{i}", block_ms=0) for i in range(12)]
     assert all(item is not None for item in live)
     dead = queue.claim("dead", block_ms=0)
@@ -186,7 +192,7 @@ def test_silent_item_is_reclaimed_behind_many_live_items(bus: EventBus) -> None:
 
 def test_done_item_is_not_reclaimed(bus: EventBus) -> None:
     queue = WorkQueue(bus, claim_timeout_s=0.3)
-    queue.enqueue(1, "corpus", [(0, 3), (3, 6)])
+    queue.enqueue(_work(1, "corpus", [(0, 3), (3, 6)]))
     first = queue.claim("r0", block_ms=0)
     second = queue.claim("r0", block_ms=0)
     assert first is not None and second is not None

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
+from ance_train.protocol.events import CheckpointPublished, EvalCompleted, ShardEncoded, ShardFailed
 
 from fault_report import record_fault
 from fault_run import entry_ms
@@ -59,32 +60,32 @@ def test_corrupt_checkpoint_is_abandoned_and_newer_ones_refreshed(
         tmp_path: Path, redis_server, tiny_model, scifact_subset) -> None:
     harness = _prepare(tmp_path, redis_server.url, "corrupt-ckpt", scifact_subset, tiny_model,
                        {"pool": "in_batch", "warmup": "none"})
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
     processes: dict[str, subprocess.Popen] = {"trainer": harness.spawn("trainer", "trainer")}
     try:
-        wait_until(lambda: 6 in checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED), 300,
+        wait_until(lambda: 6 in checkpoint_steps(bus, CheckpointPublished), 300,
                    "the trainer never published its last checkpoint")
         weights = _corrupt_weights(harness, 0)
         corrupted_at = time.time()
         processes["inferencer"] = harness.spawn("inferencer", "inferencer")
         processes["indexer"] = harness.spawn("indexer", "indexer")
-        wait_until(lambda: 6 in checkpoint_steps(bus, events.EVAL_COMPLETED), 300,
+        wait_until(lambda: 6 in checkpoint_steps(bus, EvalCompleted), 300,
                    "checkpoint 6 was never evaluated")
         wait_until(lambda: "checkpoint 0 abandoned" in harness.log("indexer"), 60,
                    "the indexer never abandoned checkpoint 0")
         for name in ("inferencer", "indexer"):
             assert processes[name].poll() is None, harness.log(name)
-        failed = list(bus.history(events.SHARD_FAILED))
-        encoded = Counter(checkpoint_steps(bus, events.SHARD_ENCODED))
-        evaluated = checkpoint_steps(bus, events.EVAL_COMPLETED)
+        failed = list(bus.history(ShardFailed))
+        encoded = Counter(checkpoint_steps(bus, ShardEncoded))
+        evaluated = checkpoint_steps(bus, EvalCompleted)
     finally:
         for process in processes.values():
             stop(process)
 
     assert {e.step for e in failed} == {0}
-    assert all(e.payload["attempt"] == MAX_ATTEMPTS for e in failed)
-    assert all(weights in e.payload["error"] and "sha256" in e.payload["error"] for e in failed)
-    assert len({e.payload["key"] for e in failed}) == len(failed), "one give-up per item"
+    assert all(e.event.attempt == MAX_ATTEMPTS for e in failed)
+    assert all(weights in e.event.error and "sha256" in e.event.error for e in failed)
+    assert len({e.event.key for e in failed}) == len(failed), "one give-up per item"
     assert encoded[0] == 0 and encoded[3] == 0 and encoded[6] > 0, encoded
     assert evaluated == [6], evaluated
     inferencer_log, indexer_log = harness.log("inferencer"), harness.log("indexer")
@@ -92,7 +93,7 @@ def test_corrupt_checkpoint_is_abandoned_and_newer_ones_refreshed(
     assert indexer_log.count("checkpoint 0 abandoned") == 1
     assert "Traceback" not in inferencer_log + indexer_log
 
-    six = next(e for e in bus.history(events.EVAL_COMPLETED) if e.step == 6)
+    six = next(e for e in bus.history(EvalCompleted) if e.step == 6)
     record_fault(
         "Corrupt checkpoint",
         f"{weights} truncated to half its bytes on disk after the trainer published 0, 3, 6 "
@@ -109,10 +110,10 @@ def test_trainer_waiting_for_an_abandoned_checkpoint_stops_with_a_clear_error(
         tmp_path: Path, redis_server, tiny_model, scifact_subset) -> None:
     harness = _prepare(tmp_path, redis_server.url, "corrupt-first", scifact_subset, tiny_model,
                        {"pool": "ann", "warmup": "none", "top_k": 20})
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
     processes = {"trainer": harness.spawn("trainer", "trainer")}
     try:
-        wait_until(lambda: 0 in checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED), 300,
+        wait_until(lambda: 0 in checkpoint_steps(bus, CheckpointPublished), 300,
                    "checkpoint 0 was never published")
         weights = _corrupt_weights(harness, 0)
         processes["inferencer"] = harness.spawn("inferencer", "inferencer")
@@ -128,5 +129,5 @@ def test_trainer_waiting_for_an_abandoned_checkpoint_stops_with_a_clear_error(
     assert code != 0, log[-3000:]
     assert "no first negatives: checkpoint 0 was abandoned" in log
     assert weights in log and "negatives.pool ann" in log
-    published = checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED)
+    published = checkpoint_steps(bus, CheckpointPublished)
     assert published == [0], "the trainer never took a step"

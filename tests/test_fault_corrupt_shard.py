@@ -14,9 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.store import CorruptObject
-from ance_train.protocol.refresh import CORPUS, embedding_key, unpack_embeddings
+from ance_train.protocol import keys
+from ance_train.protocol.embeddings import unpack_embeddings
+from ance_train.protocol.events import EvalCompleted, NegativesReady, ShardEncoded
+from ance_train.protocol.work import CORPUS, ShardWork
 
 from fault_report import record_fault
 from fault_run import (
@@ -39,8 +42,8 @@ def test_truncated_shard_is_detected_and_encoded_again(tmp_path: Path, redis_ser
     harness = Harness.prepare(tmp_path, redis_server.url,
                               **run_sections("corrupt-shard", scifact_subset, tiny_model))
     store, steps = harness.store, harness.config.training.steps
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
-    key = embedding_key(0, CORPUS, SHARD)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
+    key = keys.embedding_shard(0, CORPUS, SHARD)
     run = ServiceRun.start(harness, indexer=False)
     try:
         plan = wait_until(lambda: refresh_plan(bus, 0), 120, "checkpoint 0 not published")
@@ -62,22 +65,22 @@ def test_truncated_shard_is_detected_and_encoded_again(tmp_path: Path, redis_ser
     log = harness.log("indexer")
     assert f"object '{key}' is corrupt: sha256 " in log
     assert f"checkpoint 0 waits for {key} to be encoded again" in log
-    encodes = [e for e in bus.history(events.SHARD_ENCODED)
-               if (e.step, e.payload["kind"], e.payload["shard"]) == (0, CORPUS, SHARD)]
+    encodes = [e for e in bus.history(ShardEncoded)
+               if (e.step, e.event.kind, e.event.shard) == (0, CORPUS, SHARD)]
     assert len(encodes) == 2, "the truncated shard must be encoded exactly once more"
     items = [(entry_id, json.loads(fields["data"]))
-             for entry_id, fields in bus.client.xrange(bus.stream(events.WORK_QUEUE))]
+             for entry_id, fields in bus.client.xrange(bus.stream(ShardWork))]
     requeued = [entry_id for entry_id, item in items
                 if (item["step"], item["kind"], item["shard"]) == (0, CORPUS, SHARD)]
     assert len(requeued) == 2
-    ready = [e for e in bus.history(events.NEGATIVES_READY) if e.step == 0]
+    ready = [e for e in bus.history(NegativesReady) if e.step == 0]
     # One index of checkpoint 0, built only after the good copy was back.
     assert len(ready) == 1 and ready[0].entry_id > encodes[1].entry_id
     ids, vectors = unpack_embeddings(store.get_bytes(key))
     start, stop = plan.corpus_ranges[SHARD]
     np.testing.assert_array_equal(ids, np.arange(start, stop))
     assert np.isfinite(vectors).all()
-    assert any(e.step == steps for e in bus.history(events.EVAL_COMPLETED))
+    assert any(e.step == steps for e in bus.history(EvalCompleted))
 
     recovery_s = (entry_ms(ready[0].entry_id) - entry_ms(requeued[1])) / 1000
     record_fault(

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
+from ance_train.protocol.events import CheckpointPublished, NegativesReady, ShardEncoded
 
 from fault_report import record_fault
 from fault_run import (
@@ -40,7 +41,7 @@ def test_redis_killed_mid_refresh_restarts_from_aof(tmp_path: Path, tiny_model,
     server = RedisServer(redis_dir, port=port).start()
     harness = Harness.prepare(tmp_path, server.url,
                               **run_sections("redis-restart", scifact_subset, tiny_model))
-    bus = events.EventBus(events.connect(server.url), harness.config.run_id)
+    bus = EventBus(connect(server.url), harness.config.run_id)
     run = ServiceRun.start(harness)
     try:
         encoded, total = wait_mid_refresh(bus, 0, timeout_s=120)
@@ -71,18 +72,18 @@ def test_redis_killed_mid_refresh_restarts_from_aof(tmp_path: Path, tiny_model,
         run_finished_after_restart_s=round(finished_after_s, 1), **counts)
 
 
-def assert_each_service_used_the_new_server(harness: Harness, bus: events.EventBus,
+def assert_each_service_used_the_new_server(harness: Harness, bus: EventBus,
                                             restarted_ms: int) -> float:
     """Every service published after the restart; returns seconds from the restart to the
     first entry any of them wrote."""
-    checkpoint = first_entry_after(bus, (events.CHECKPOINT_PUBLISHED,), restarted_ms)
+    checkpoint = first_entry_after(bus, (CheckpointPublished,), restarted_ms)
     assert checkpoint is not None and checkpoint.step == harness.config.training.steps
-    negatives = first_entry_after(bus, (events.NEGATIVES_READY,), restarted_ms)
+    negatives = first_entry_after(bus, (NegativesReady,), restarted_ms)
     assert negatives is not None and negatives.step == 0
-    replicas = {e.payload["instance"] for e in bus.history(events.SHARD_ENCODED)
+    replicas = {e.event.instance for e in bus.history(ShardEncoded)
                 if entry_ms(e.entry_id) >= restarted_ms}
     assert replicas == {"inferencer-0", "inferencer-1"}
-    first = first_entry_after(bus, (events.SHARD_ENCODED, events.NEGATIVES_READY,
-                                    events.CHECKPOINT_PUBLISHED), restarted_ms)
+    first = first_entry_after(bus, (ShardEncoded, NegativesReady,
+                                    CheckpointPublished), restarted_ms)
     assert first is not None
     return (entry_ms(first.entry_id) - restarted_ms) / 1000

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
+from ance_train.protocol.events import ShardEncoded
 
 from fault_report import record_fault
 from fault_run import (
@@ -45,7 +46,7 @@ def test_object_store_unreachable_for_30s(tmp_path: Path, redis_server, s3_env, 
                      "ANCE_S3_RETRY_SECONDS": str(RETRY_S)}
         harness = Harness.prepare(tmp_path, redis_server.url, store_env=store_env,
                                   **run_sections("store-outage", scifact_subset, tiny_model))
-        bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+        bus = EventBus(connect(redis_server.url), harness.config.run_id)
         run = ServiceRun.start(harness)
         try:
             encoded, total = wait_mid_refresh(bus, 0, timeout_s=120)
@@ -73,7 +74,7 @@ def test_object_store_unreachable_for_30s(tmp_path: Path, redis_server, s3_env, 
     for name in run.processes:
         log = harness.log(name)
         assert "retried for up to" not in log and "left for redelivery" not in log, name
-    first = first_entry_after(bus, (events.SHARD_ENCODED,), restored_ms)
+    first = first_entry_after(bus, (ShardEncoded,), restored_ms)
     assert first is not None
     recovery_s = (entry_ms(first.entry_id) - restored_ms) / 1000
     record_fault(

@@ -15,10 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.rpc import fetch_status
-from ance_train.protocol.refresh import RefreshPlan, eval_key, negatives_key
-from ance_train.trainer.trainer import SUMMARY_KEY
+from ance_train.protocol import keys
+from ance_train.protocol.events import (
+    CheckpointPublished,
+    EvalCompleted,
+    NegativesReady,
+    ShardEncoded,
+)
+from ance_train.protocol.tables import TableId
 
 from fault_report import record_fault
 from helpers import scifact_dir
@@ -27,7 +33,7 @@ from service_harness import Harness, stop, wait_until
 pytestmark = pytest.mark.fault
 
 
-def _phase(bus: events.EventBus) -> str:
+def _phase(bus: EventBus) -> str:
     address = bus.services().get("indexer:indexer")
     if address is None:
         return ""
@@ -37,7 +43,7 @@ def _phase(bus: events.EventBus) -> str:
         return ""
 
 
-def _steps(bus: events.EventBus, event_type: str) -> list[int]:
+def _steps(bus: EventBus, event_type: str) -> list[int]:
     return [e.step for e in bus.history(event_type)]
 
 
@@ -52,7 +58,7 @@ def test_indexer_killed_mid_build_rebuilds_and_trainer_swaps(tmp_path: Path, red
         inference={"shard_size": 1000, "claim_timeout_s": 10, "torch_threads": 1},
         index={"eval_depth": 6000},
     )
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
     store = harness.store
     first = harness.spawn("indexer", "indexer")
     processes = [first, harness.spawn("inferencer", "inferencer"),
@@ -64,16 +70,16 @@ def test_indexer_killed_mid_build_rebuilds_and_trainer_swaps(tmp_path: Path, red
         killed_at = time.monotonic()
         first.wait()
         # Really mid-build: its negatives are written but nothing was announced.
-        assert store.exists(negatives_key(0))
-        assert _steps(bus, events.NEGATIVES_READY) == []
-        assert _steps(bus, events.EVAL_COMPLETED) == []
-        plan_event = next(bus.history(events.CHECKPOINT_PUBLISHED))
-        plan = RefreshPlan.from_payload(0, plan_event.payload)
-        assert plan.expected_keys() <= set(store.list("embeddings/0")), "shards missing"
+        assert store.exists(TableId.ann(0).key)
+        assert _steps(bus, NegativesReady) == []
+        assert _steps(bus, EvalCompleted) == []
+        plan_event = next(bus.history(CheckpointPublished))
+        plan = plan_event.event.plan
+        assert plan.expected_keys() <= set(store.list(keys.embeddings(0))), "shards missing"
 
         second = harness.spawn("indexer", "indexer-2")
         processes.append(second)
-        wait_until(lambda: 0 in _steps(bus, events.NEGATIVES_READY), 300,
+        wait_until(lambda: 0 in _steps(bus, NegativesReady), 300,
                    "the restarted indexer never published the negatives of checkpoint 0")
         recovery_s = time.monotonic() - killed_at
         trainer = processes[2]
@@ -82,17 +88,17 @@ def test_indexer_killed_mid_build_rebuilds_and_trainer_swaps(tmp_path: Path, red
         for process in processes:
             stop(process)
 
-    assert "recovered: last built checkpoint -1, pending [0]" in harness.log("indexer-2")
-    assert _steps(bus, events.NEGATIVES_READY).count(0) == 1
-    assert _steps(bus, events.EVAL_COMPLETED).count(0) == 1
-    assert store.get_json(eval_key(0))["step"] == 0
-    encoded = [(e.step, e.payload["key"]) for e in bus.history(events.SHARD_ENCODED)]
+    assert "recovered: last built checkpoint none, pending [0]" in harness.log("indexer-2")
+    assert _steps(bus, NegativesReady).count(0) == 1
+    assert _steps(bus, EvalCompleted).count(0) == 1
+    assert store.get_json(keys.eval_report(0))["step"] == 0
+    encoded = [(e.step, e.event.key) for e in bus.history(ShardEncoded)]
     zero = [key for step, key in encoded if step == 0]
     assert sorted(zero) == sorted(plan.expected_keys()), "a shard of 0 was encoded twice"
-    for stream in (events.CHECKPOINT_PUBLISHED, events.SHARD_ENCODED):
+    for stream in (CheckpointPublished, ShardEncoded):
         pending = bus.client.xpending(bus.stream(stream), "indexer")["pending"]
         assert pending == 0, f"{stream}: entries left pending by the dead indexer"
-    summary = store.get_json(SUMMARY_KEY)
+    summary = store.get_json(keys.TRAINER_SUMMARY)
     assert summary["finished"]
     assert summary["swaps"][0] == {"step": 1, "negatives_step": 0}, summary["swaps"]
     assert summary["negatives_steps"][0] == 0

@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 from ance_train.data.dataset import validate_dataset
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.launcher.redis_server import RedisServer
-from ance_train.runtime import DATASET_INDEX_FILE, DATASET_INDEX_KEY, DOC_OFFSETS_KEY
+from ance_train.protocol.keys import DATASET_INDEX as DATASET_INDEX_KEY
+from ance_train.protocol.keys import DATASET_INDEX_FILE
+from ance_train.protocol.keys import DOC_OFFSETS as DOC_OFFSETS_KEY
 
 from helpers import write_config
 from service_harness import Harness, stop, wait_registered, wait_until
@@ -60,7 +62,7 @@ def test_service_started_first_waits_for_prepare_then_proceeds(
         scifact_subset: Path) -> None:
     harness = make_harness(tmp_path, "prepare-later", redis_server, s3_env, tiny_model,
                            scifact_subset)
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
     process = harness.spawn("inferencer", "inf-early")
     try:
         wait_until(lambda: "waiting for the dataset index" in harness.log("inf-early")

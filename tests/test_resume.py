@@ -20,15 +20,16 @@ from safetensors.torch import load_file
 from transformers import get_linear_schedule_with_warmup
 
 from ance_train.config import ModelConfig, load_config
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.store import LocalStore, store_from_env
 from ance_train.launcher.embedded import EmbeddedRun, RunAborted
 from ance_train.modeling.model import BiEncoder, load_tokenizer
-from ance_train.protocol.refresh import checkpoint_prefix
-from ance_train.runtime import ServiceContext, ServiceOptions
+from ance_train.protocol import keys
+from ance_train.protocol.events import CheckpointPublished
+from ance_train.runtime import ServiceOptions, connect_context
 from ance_train.trainer.checkpoints import latest_complete_checkpoint
 from ance_train.trainer.tensor_state import StateFormatError, load_state, save_state
-from ance_train.trainer.trainer import SUMMARY_KEY, Trainer
+from ance_train.trainer.trainer import Trainer
 from ance_train.trainer.training_state import (
     STATE_JSON,
     STATE_TENSORS,
@@ -176,7 +177,7 @@ def _prepare(root: Path, run_id: str, redis_url: str, tiny_model: Path, data: Pa
 
 
 def _trainer(harness: Harness, instance: str) -> Trainer:
-    context = ServiceContext(ServiceOptions(
+    context = connect_context(ServiceOptions(
         role="trainer", config_path=str(harness.config_path), redis_url=harness.redis_url,
         work_dir=str(harness.root / "work" / instance), instance="trainer",
         store_dir=str(harness.root / "store")))
@@ -185,7 +186,7 @@ def _trainer(harness: Harness, instance: str) -> Trainer:
 
 def _final_weights(harness: Harness) -> dict[str, torch.Tensor]:
     target = harness.root / "final"
-    harness.store.get_dir(checkpoint_prefix(K + 2), target)
+    harness.store.get_dir(keys.checkpoint(K + 2), target)
     return load_file(str(target / "model.safetensors"))
 
 
@@ -211,9 +212,9 @@ def test_resume_picks_the_newest_checkpoint_with_a_manifest(tmp_path: Path) -> N
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     assert latest_complete_checkpoint(store) is None
-    store.put_dir(checkpoint_prefix(5), tmp_path / "ckpt")
-    store.put_dir(checkpoint_prefix(40), tmp_path / "ckpt")
-    store.put_bytes(f"{checkpoint_prefix(100)}/config.json", b"{}")  # upload cut short
+    store.put_dir(keys.checkpoint(5), tmp_path / "ckpt")
+    store.put_dir(keys.checkpoint(40), tmp_path / "ckpt")
+    store.put_bytes(f"{keys.checkpoint(100)}/config.json", b"{}")  # upload cut short
     assert latest_complete_checkpoint(store) == 40
 
 
@@ -222,13 +223,13 @@ def test_stored_but_unannounced_checkpoint_is_announced_on_resume(
     harness = _prepare(tmp_path / "run", "unannounced", redis_server.url, tiny_model,
                        scifact_subset)
     _run_until_past_checkpoint(harness)
-    bus = events.EventBus(events.connect(redis_server.url), "unannounced")
-    stream = bus.stream(events.CHECKPOINT_PUBLISHED)
-    lost = [e.entry_id for e in bus.history(events.CHECKPOINT_PUBLISHED) if e.step == K]
+    bus = EventBus(connect(redis_server.url), "unannounced")
+    stream = bus.stream(CheckpointPublished)
+    lost = [e.entry_id for e in bus.history(CheckpointPublished) if e.step == K]
     bus.client.xdel(stream, *lost)  # as if the trainer died between MANIFEST and event
-    assert [e.step for e in bus.history(events.CHECKPOINT_PUBLISHED)] == [0]
+    assert [e.step for e in bus.history(CheckpointPublished)] == [0]
     _trainer(harness, "c").run()
-    assert [e.step for e in bus.history(events.CHECKPOINT_PUBLISHED)] == [0, K, K + 2]
+    assert [e.step for e in bus.history(CheckpointPublished)] == [0, K, K + 2]
     assert bus.latest_checkpoint() == K + 2
 
 
@@ -255,10 +256,10 @@ def test_resumed_trainer_continues_exactly(tmp_path: Path, redis_server, tiny_mo
     assert a.keys() == c.keys()
     for name in a:
         assert torch.equal(a[name], c[name]), name
-    bus = events.EventBus(events.connect(redis_server.url), "restarted")
-    published = [e.step for e in bus.history(events.CHECKPOINT_PUBLISHED)]
+    bus = EventBus(connect(redis_server.url), "restarted")
+    published = [e.step for e in bus.history(CheckpointPublished)]
     assert published == [0, K, K + 2], "checkpoint K must not be republished on resume"
-    summary = interrupted.store.get_json(SUMMARY_KEY)
+    summary = interrupted.store.get_json(keys.TRAINER_SUMMARY)
     assert summary["finished"] and summary["steps"] == K + 2
     assert summary["losses"] == resumed.losses and summary["resumed_from"] == [K]
 
@@ -274,7 +275,7 @@ def test_launcher_never_resumes_an_earlier_run_left_in_s3(tmp_path: Path, s3_env
         data={"path": str(scifact_subset)}, model={"path": str(tiny_model)})
     config = load_config(config_path)
     store = store_from_env(config.run_id)
-    old_checkpoint = f"{checkpoint_prefix(40)}/{STATE_JSON}"
+    old_checkpoint = f"{keys.checkpoint(40)}/{STATE_JSON}"
     store.put_bytes(old_checkpoint, b"{}")
     with pytest.raises(RunAborted, match="stale-s3-run"):
         EmbeddedRun(config, config_path).prepare()

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
+from ance_train.protocol.events import NegativesReady, ShardEncoded
 
 from service_harness import Harness, stop, wait_until
 
 
-def _refreshed(bus: events.EventBus) -> list[int]:
-    return [e.step for e in bus.history(events.NEGATIVES_READY) if e.step >= 0]
+def _refreshed(bus: EventBus) -> list[int]:
+    return [e.step for e in bus.history(NegativesReady) if e.step is not None]
 
 
 def test_added_replica_takes_shards_from_the_next_refresh(tmp_path: Path, redis_server,
@@ -32,7 +33,7 @@ def test_added_replica_takes_shards_from_the_next_refresh(tmp_path: Path, redis_
         inference={"shard_size": 50, "claim_timeout_s": 30, "torch_threads": 1},
         index={"eval_depth": 100},
     )
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
     processes = {"indexer": harness.spawn("indexer", "indexer"),
                  "inf-a": harness.spawn("inferencer", "inf-a"),
                  "trainer": harness.spawn("trainer", "trainer")}
@@ -40,24 +41,24 @@ def test_added_replica_takes_shards_from_the_next_refresh(tmp_path: Path, redis_
         wait_until(lambda: 0 in _refreshed(bus), 300, "the first refresh never completed")
         processes["inf-b"] = harness.spawn("inferencer", "inf-b")  # the scaled-up pod
         joined = wait_until(
-            lambda: next((e.step for e in bus.history(events.SHARD_ENCODED)
-                          if e.payload["instance"] == "inf-b"), None), 300,
+            lambda: next((e.step for e in bus.history(ShardEncoded)
+                          if e.event.instance == "inf-b"), None), 300,
             "the added replica never took a shard")
         wait_until(lambda: max(_refreshed(bus)) > joined, 300,
                    "no refresh completed after the added replica joined")
         for name, process in processes.items():
             assert process.poll() is None, harness.log(name)  # nothing restarted or exited
-        encoded = list(bus.history(events.SHARD_ENCODED))
+        encoded = list(bus.history(ShardEncoded))
         refreshed = _refreshed(bus)
     finally:
         for process in processes.values():
             stop(process)
 
     assert joined > 0, "inf-b started after refresh 0 was complete"
-    keys = Counter((e.step, e.payload["key"]) for e in encoded)
+    keys = Counter((e.step, e.event.key) for e in encoded)
     assert max(keys.values()) == 1, "a shard was encoded twice"
     shards_per_refresh = Counter(step for step, _ in keys)
     complete = {shards_per_refresh[step] for step in refreshed}
     assert complete == {shards_per_refresh[0]}, f"incomplete refresh: {shards_per_refresh}"
-    assert {e.payload["instance"] for e in encoded if e.step >= joined} == {"inf-a", "inf-b"}
+    assert {e.event.instance for e in encoded if e.step >= joined} == {"inf-a", "inf-b"}
     assert "resuming" not in harness.log("trainer")

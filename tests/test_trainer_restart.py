@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.rpc import fetch_status
+from ance_train.protocol import keys
+from ance_train.protocol.events import CheckpointPublished
 from ance_train.trainer.checkpoints import latest_complete_checkpoint
-from ance_train.trainer.trainer import SUMMARY_KEY
 
 from fault_report import record_fault
 from service_harness import Harness, stop, wait_until
@@ -29,7 +30,7 @@ STEPS, REFRESH = 50, 20
 WINDOW = 10  # losses of the last steps before checkpoint N: the reference range
 
 
-def _status_step(bus: events.EventBus, service: str) -> int:
+def _status_step(bus: EventBus, service: str) -> int:
     address = bus.services().get(service)
     if address is None:
         return -1
@@ -39,8 +40,8 @@ def _status_step(bus: events.EventBus, service: str) -> int:
         return -1
 
 
-def _published(bus: events.EventBus) -> list[int]:
-    return [e.step for e in bus.history(events.CHECKPOINT_PUBLISHED)]
+def _published(bus: EventBus) -> list[int]:
+    return [e.step for e in bus.history(CheckpointPublished)]
 
 
 def test_killed_trainer_resumes_from_its_last_checkpoint(tmp_path: Path, redis_server,
@@ -55,7 +56,7 @@ def test_killed_trainer_resumes_from_its_last_checkpoint(tmp_path: Path, redis_s
         inference={"shard_size": 100, "claim_timeout_s": 10, "torch_threads": 1},
         index={"eval_depth": 100},
     )
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
     processes = [harness.spawn("indexer", "indexer"), harness.spawn("inferencer", "inferencer")]
     first = harness.spawn("trainer", "trainer")
     processes.append(first)
@@ -91,7 +92,7 @@ def test_killed_trainer_resumes_from_its_last_checkpoint(tmp_path: Path, redis_s
     assert logged_steps[0] == resume_step + 1 and logged_steps[-1] == STEPS
     assert _published(bus) == [0, REFRESH, 2 * REFRESH, STEPS], "a checkpoint was republished"
 
-    summary = harness.store.get_json(SUMMARY_KEY)
+    summary = harness.store.get_json(keys.TRAINER_SUMMARY)
     assert summary["finished"] and summary["steps"] == STEPS
     assert summary["resumed_from"] == [resume_step]
     assert summary["checkpoints"] == [0, REFRESH, 2 * REFRESH, STEPS]

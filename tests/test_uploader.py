@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 
 from ance_train.inferencer.uploader import EncodedShard, ShardUploader
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, WorkItem, WorkQueue
 from ance_train.infra.store import LocalStore, StorageError
-from ance_train.protocol.refresh import CORPUS, embedding_key, unpack_embeddings
+from ance_train.protocol import keys
+from ance_train.protocol.embeddings import unpack_embeddings
+from ance_train.protocol.events import ShardEncoded
+from ance_train.protocol.work import CORPUS, ShardWork
 
 STEP = 3
 
@@ -35,13 +38,14 @@ class BrokenStore(LocalStore):
         raise StorageError("store unavailable")
 
 
-def claimed_items(bus: events.EventBus, count: int) -> tuple[events.WorkQueue, list]:
-    queue = events.WorkQueue(bus, claim_timeout_s=30)
-    queue.enqueue(STEP, CORPUS, [(2 * i, 2 * i + 2) for i in range(count)])
+def claimed_items(bus: EventBus, count: int) -> tuple[WorkQueue, list]:
+    queue = WorkQueue(bus, claim_timeout_s=30)
+    queue.enqueue([ShardWork(step=STEP, kind=CORPUS, shard=i, start=2 * i, stop=2 * i + 2)
+                   for i in range(count)])
     return queue, [queue.claim("replica", block_ms=1000) for _ in range(count)]
 
 
-def shard(item: events.WorkItem, released: list[int]) -> EncodedShard:
+def shard(item: WorkItem, released: list[int]) -> EncodedShard:
     ids = np.arange(item.start, item.stop, dtype=np.int64)
     vectors = np.full((len(ids), 4), float(item.shard), dtype=np.float32)
     return EncodedShard(item, "replica", ids, vectors, {"load_s": 0.25, "encode_s": 1.5},
@@ -67,18 +71,18 @@ def test_upload_runs_while_the_next_shard_is_encoded(tmp_path: Path, bus) -> Non
     second.join(10)
     uploader.close()
 
-    published = list(bus.history(events.SHARD_ENCODED))
-    assert [e.payload["shard"] for e in published] == [0, 1]
+    published = list(bus.history(ShardEncoded))
+    assert [e.event.shard for e in published] == [0, 1]
     for event in published:
-        p = event.payload
-        assert p["count"] == 2 and p["key"] == embedding_key(STEP, CORPUS, p["shard"])
+        p = event.event.model_dump()
+        assert p["count"] == 2 and p["key"] == keys.embedding_shard(STEP, CORPUS, p["shard"])
         assert p["load_s"] == 0.25 and p["encode_s"] == 1.5 and p["upload_s"] >= 0
         assert p["seconds"] == pytest.approx(0.25 + 1.5 + p["upload_s"], abs=1e-3)
         assert "wait_s" in p and p["finished_at"] > 0
-    assert published[1].payload["wait_s"] >= 0.4  # it really waited for the first upload
+    assert published[1].event.wait_s >= 0.4  # it really waited for the first upload
     assert queue.pending_count() == 0
     assert released == [0, 1] and [s for s, _ in uploaded] == [0, 1]
-    ids, vectors = unpack_embeddings(store.get_bytes(embedding_key(STEP, CORPUS, 1)))
+    ids, vectors = unpack_embeddings(store.get_bytes(keys.embedding_shard(STEP, CORPUS, 1)))
     assert ids.tolist() == [2, 3] and np.all(vectors == 1.0)
 
 
@@ -92,4 +96,4 @@ def test_failed_upload_leaves_the_item_for_redelivery(tmp_path: Path, bus) -> No
     uploader.close()
     assert released == [0]  # the heartbeat stops, so another replica can reclaim it
     assert queue.pending_count() == 1 and uploaded == []
-    assert list(bus.history(events.SHARD_ENCODED)) == []
+    assert list(bus.history(ShardEncoded)) == []

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
+from ance_train.protocol.events import CheckpointPublished, EvalCompleted, ShardEncoded
 
 from service_harness import (
     Harness,
@@ -28,22 +29,22 @@ def test_checkpoint_zero_is_refreshed_after_being_overtaken(tmp_path: Path, redi
                                                             tiny_model, scifact_subset) -> None:
     harness = Harness.prepare(tmp_path, redis_server.url, **three_checkpoint_sections(
         "zero-shot", scifact_subset, tiny_model, {"pool": "in_batch", "warmup": "none"}))
-    bus = events.EventBus(events.connect(redis_server.url), harness.config.run_id)
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
     processes = {"trainer": harness.spawn("trainer", "trainer")}
     try:
-        wait_until(lambda: 6 in checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED), 300,
+        wait_until(lambda: 6 in checkpoint_steps(bus, CheckpointPublished), 300,
                    "the trainer never published its last checkpoint")
-        assert checkpoint_steps(bus, events.CHECKPOINT_PUBLISHED) == [0, 3, 6]
+        assert checkpoint_steps(bus, CheckpointPublished) == [0, 3, 6]
         # Nothing was encoded before the trainer finished.
-        assert checkpoint_steps(bus, events.SHARD_ENCODED) == []
+        assert checkpoint_steps(bus, ShardEncoded) == []
         processes["inferencer"] = harness.spawn("inferencer", "inferencer")
         processes["indexer"] = harness.spawn("indexer", "indexer")
-        wait_until(lambda: 6 in checkpoint_steps(bus, events.EVAL_COMPLETED), 300,
+        wait_until(lambda: 6 in checkpoint_steps(bus, EvalCompleted), 300,
                    "the last checkpoint was never indexed")
         for name, process in processes.items():
             assert process.poll() is None or name == "trainer", harness.log(name)
-        refreshed = checkpoint_steps(bus, events.EVAL_COMPLETED)
-        encoded = Counter(checkpoint_steps(bus, events.SHARD_ENCODED))
+        refreshed = checkpoint_steps(bus, EvalCompleted)
+        encoded = Counter(checkpoint_steps(bus, ShardEncoded))
         evaluated = {int(key.rsplit("/", 1)[-1].removesuffix(".json"))
                      for key in harness.store.list("eval")}
     finally:

@@ -130,7 +130,11 @@ def serve(
     from ance_train.infra.bus import RedisAuthError
     from ance_train.infra.credentials import redact
     from ance_train.infra.store import StorageError
-    from ance_train.runtime import DatasetNotPublished, ServiceContext, ServiceOptions
+    from ance_train.runtime import (
+        DatasetNotPublished,
+        ServiceOptions,
+        connect_context,
+    )
 
     _check_environment()  # fail fast with a clear message before connecting anywhere
     _load(config)
@@ -138,7 +142,7 @@ def serve(
                              work_dir=str(work_dir), instance=instance or socket.gethostname(),
                              grpc_host=host, grpc_port=port, store_dir=store_dir)
     try:
-        ctx = ServiceContext(options)
+        ctx = connect_context(options)
     except (RedisAuthError, DatasetNotPublished, StorageError) as error:
         err.print(f"[red]error:[/] {redact(str(error))}")
         raise typer.Exit(1) from None

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_exponential
@@ -27,17 +28,14 @@ from ance_train.data.dataset import (
     load_dataset_index,
     validate_dataset,
 )
-from ance_train.infra import bus as events
+from ance_train.infra import bus
 from ance_train.infra.credentials import RedactingFormatter, cluster_mode, redact_url
 from ance_train.infra.rpc import GrpcServer, ServiceState
 from ance_train.infra.store import ObjectStore, store_from_env
 from ance_train.observability.kube import RunReporter
 from ance_train.observability.metrics import metrics_port, start_metrics_server
+from ance_train.protocol import keys
 
-DATASET_INDEX_KEY = "data/dataset.json"
-DOC_OFFSETS_KEY = "data/doc_offsets.npy"
-DATASET_INDEX_FILE = "dataset.json"
-DOC_OFFSETS_FILE = "doc_offsets.npy"
 DATASET_TIMEOUT_VAR = "ANCE_DATASET_TIMEOUT_S"
 DEFAULT_DATASET_TIMEOUT_S = 3600.0
 
@@ -73,8 +71,8 @@ def setup_logging(role: str, instance: str) -> None:
 
 def publish_dataset(store: ObjectStore, cache_dir: Path) -> None:
     """Make the validated dataset index available to every service through the store."""
-    store.put_file(DOC_OFFSETS_KEY, cache_dir / DOC_OFFSETS_FILE)
-    store.put_file(DATASET_INDEX_KEY, cache_dir / DATASET_INDEX_FILE)
+    store.put_file(keys.DOC_OFFSETS, cache_dir / keys.DOC_OFFSETS_FILE)
+    store.put_file(keys.DATASET_INDEX, cache_dir / keys.DATASET_INDEX_FILE)
 
 
 def prepare_dataset(config: RunConfig, store: ObjectStore, cache_dir: Path) -> DatasetIndex:
@@ -100,57 +98,82 @@ def dataset_timeout_s() -> float:
 def wait_for_dataset(store: ObjectStore, timeout_s: float, log: logging.Logger) -> None:
     """Poll with backoff until the dataset index is in the store (in a cluster the services
     start while the trainer pod's ``ance-train prepare`` is still publishing it)."""
-    if store.exists(DATASET_INDEX_KEY):
+    if store.exists(keys.DATASET_INDEX):
         return
     log.info("waiting for the dataset index %s in %r (published by `ance-train prepare`)",
-             DATASET_INDEX_KEY, store)
+             keys.DATASET_INDEX, store)
     poll = Retrying(retry=retry_if_result(lambda found: not found),
                     wait=wait_exponential(multiplier=0.5, max=10.0),
                     stop=stop_after_delay(timeout_s))
     try:
-        poll(store.exists, DATASET_INDEX_KEY)
+        poll(store.exists, keys.DATASET_INDEX)
     except RetryError:
         raise DatasetNotPublished(
-            f"no dataset index ({DATASET_INDEX_KEY}) in {store!r} after {timeout_s:g}s: run "
+            f"no dataset index ({keys.DATASET_INDEX}) in {store!r} after {timeout_s:g}s: run "
             f"`ance-train prepare` (the trainer pod's init container), or raise "
             f"{DATASET_TIMEOUT_VAR}") from None
     log.info("dataset index found")
 
 
+def connect_context(options: ServiceOptions) -> ServiceContext:
+    """Set up a service process: logging, config, metrics, object store, Redis, dataset."""
+    setup_logging(options.role, options.instance)
+    log = logging.getLogger(f"ance_train.{options.role}")
+    config = load_config(options.config_path)
+    work_dir = Path(options.work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    reporter = RunReporter.from_env(options.role, options.instance).start()
+    port = metrics_port()
+    if port:
+        start_metrics_server(options.role, port)
+        log.info("Prometheus metrics on :%d/metrics", port)
+    store = store_from_env(config.run_id, options.store_dir)
+    log.info("object store %r, Redis %s", store, redact_url(options.redis_url))
+    client = bus.connect(options.redis_url)
+    bus.wait_for_redis(client)
+    wait_for_dataset(store, dataset_timeout_s(), log)
+    dataset = fetch_dataset(store, work_dir / "data")
+    corpus = Corpus(DatasetFiles.resolve(config.data), work_dir / "data" / keys.DOC_OFFSETS_FILE,
+                    config.data.format)
+    return ServiceContext(options=options, config=config, log=log, work_dir=work_dir,
+                          store=store, redis=client, bus=bus.EventBus(client, config.run_id),
+                          dataset=dataset, corpus=corpus, reporter=reporter)
+
+
 def fetch_dataset(store: ObjectStore, cache_dir: Path) -> DatasetIndex:
     cache_dir.mkdir(parents=True, exist_ok=True)
-    store.get_file(DOC_OFFSETS_KEY, cache_dir / DOC_OFFSETS_FILE)
-    store.get_file(DATASET_INDEX_KEY, cache_dir / DATASET_INDEX_FILE)
+    store.get_file(keys.DOC_OFFSETS, cache_dir / keys.DOC_OFFSETS_FILE)
+    store.get_file(keys.DATASET_INDEX, cache_dir / keys.DATASET_INDEX_FILE)
     return load_dataset_index(cache_dir)
 
 
-class ServiceContext:
-    """Everything a service needs, built once at start-up."""
+# Exit code of a Job's trainer stopped (SIGTERM) before its last step: not a success, so
+# Kubernetes starts it again and it resumes from its newest checkpoint (128 + SIGTERM).
+STOPPED_EARLY = 143
 
-    def __init__(self, options: ServiceOptions) -> None:
-        self.options = options
-        setup_logging(options.role, options.instance)
-        self.log = logging.getLogger(f"ance_train.{options.role}")
-        self.config: RunConfig = load_config(options.config_path)
-        self.work_dir = Path(options.work_dir)
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.reporter = RunReporter.from_env(options.role, options.instance).start()
-        port = metrics_port()
-        if port:
-            start_metrics_server(options.role, port)
-            self.log.info("Prometheus metrics on :%d/metrics", port)
-        self.store: ObjectStore = store_from_env(self.config.run_id, options.store_dir)
-        self.log.info("object store %r, Redis %s", self.store, redact_url(options.redis_url))
-        self.redis = events.connect(options.redis_url)
-        events.wait_for_redis(self.redis)
-        wait_for_dataset(self.store, dataset_timeout_s(), self.log)
-        self.bus = events.EventBus(self.redis, self.config.run_id)
-        self.state = ServiceState(options.role, self.config.run_id, options.instance)
-        self.stop = threading.Event()
-        self.dataset: DatasetIndex = fetch_dataset(self.store, self.work_dir / "data")
-        self.corpus = Corpus(DatasetFiles.resolve(self.config.data),
-                             self.work_dir / "data" / DOC_OFFSETS_FILE, self.config.data.format)
-        self.server: GrpcServer | None = None
+
+@dataclass
+class ServiceContext:
+    """Everything a service needs: a plain object, so a test about a loop's logic can build
+    one from in-memory fakes of the bus and the store. Services get theirs from
+    :func:`connect_context`, which does the I/O (config, store, Redis, dataset)."""
+
+    options: ServiceOptions
+    config: RunConfig
+    log: logging.Logger
+    work_dir: Path
+    store: ObjectStore
+    redis: Any
+    bus: bus.EventBus
+    dataset: DatasetIndex
+    corpus: Corpus
+    reporter: RunReporter = field(default_factory=RunReporter.disabled)
+    state: ServiceState = field(init=False)
+    stop: threading.Event = field(default_factory=threading.Event)
+    server: GrpcServer | None = None
+
+    def __post_init__(self) -> None:
+        self.state = ServiceState(self.options.role, self.config.run_id, self.options.instance)
 
     def install_signal_handlers(self) -> None:
         def _stop(signum: int, _frame: object) -> None:
@@ -172,7 +195,7 @@ class ServiceContext:
         while not self.stop.is_set():
             try:
                 self.bus.register(self.options.role, self.options.instance, advertised)
-            except Exception as error:  # Redis may be restarting; the next beat retries
+            except bus.REDIS_UNAVAILABLE as error:  # the next beat retries
                 self.log.warning("registry heartbeat failed: %s", error)
             self.stop.wait(5.0)
 
@@ -193,16 +216,24 @@ class ServiceContext:
             self.reporter.close()
 
     def serve(self, main: Callable[[], object],
-              add_servicers: Callable[[grpc.Server], None] | None = None) -> int:
-        """Run a service: signals, gRPC server, then ``main`` until it returns or is stopped."""
+              add_servicers: Callable[[grpc.Server], None] | None = None,
+              finishes: bool = False) -> int:
+        """Run a service: signals, gRPC server, then ``main`` until it returns or is stopped.
+
+        ``finishes``: the role ends by itself (the trainer, a Kubernetes Job). In the cluster
+        it exits 0 only when ``main`` returned without being stopped, and
+        :data:`STOPPED_EARLY` when stopped, so that the Job runs it again. The other roles
+        are Deployments, which restart a pod whose process exits: there a finished service
+        stays up, still answering Status and health, until the release is uninstalled.
+        """
         self.install_signal_handlers()
         self.start_server(add_servicers)
         try:
             main()
-            if cluster_mode() and not self.stop.is_set():
-                # A Deployment restarts a pod whose process exits, which would run the
-                # finished role again: in the cluster a finished service stays up, still
-                # answering Status and health, until the release is uninstalled.
+            if cluster_mode() and finishes and self.stop.is_set():
+                self.log.info("%s stopped before it finished", self.options.role)
+                return STOPPED_EARLY
+            if cluster_mode() and not finishes and not self.stop.is_set():
                 self.log.info("%s finished; serving status until stopped", self.options.role)
                 self.stop.wait()
         finally:

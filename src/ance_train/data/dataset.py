@@ -30,6 +30,7 @@ import numpy as np
 
 from ance_train.config import DataConfig
 from ance_train.infra.atomic import atomic_write
+from ance_train.protocol.keys import DATASET_INDEX_FILE, DOC_OFFSETS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,6 @@ MAX_ERRORS = 20
 """How many problems a :class:`DataError` lists (all are counted)."""
 MAX_NAMED_IDS = 10
 """How many ids a warning names before "…and N more"."""
-OFFSETS_FILE = "doc_offsets.npy"
-INDEX_FILE = "dataset.json"
 INDEX_VERSION = 1
 
 _DEFAULT_FILES: dict[str, tuple[str, str, str, str]] = {
@@ -477,7 +476,7 @@ class DatasetIndex:
 
 def load_dataset_index(cache_dir: str | Path) -> DatasetIndex:
     """Read ``cache_dir/dataset.json`` written by :func:`validate_dataset`."""
-    path = Path(cache_dir) / INDEX_FILE
+    path = Path(cache_dir) / DATASET_INDEX_FILE
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -723,12 +722,12 @@ def validate_dataset(cfg: DataConfig, cache_dir: str | Path, seed: int = 42) -> 
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     offsets = np.frombuffer(scan.offsets, dtype=np.int64)
-    atomic_write(cache / OFFSETS_FILE, lambda handle: np.save(handle, offsets))
+    atomic_write(cache / DOC_OFFSETS_FILE, lambda handle: np.save(handle, offsets))
     payload = index.to_json().encode("utf-8")
-    atomic_write(cache / INDEX_FILE, lambda handle: handle.write(payload))
+    atomic_write(cache / DATASET_INDEX_FILE, lambda handle: handle.write(payload))
     return index
 
 
 def open_corpus(cfg: DataConfig, cache_dir: str | Path) -> Corpus:
     """A :class:`Corpus` over the validated dataset of ``cfg`` (offsets from ``cache_dir``)."""
-    return Corpus(DatasetFiles.resolve(cfg), Path(cache_dir) / OFFSETS_FILE, cfg.format)
+    return Corpus(DatasetFiles.resolve(cfg), Path(cache_dir) / DOC_OFFSETS_FILE, cfg.format)

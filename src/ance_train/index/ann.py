@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 SCORE_BLOCK_BYTES = 64 << 20  # candidate vectors gathered at once by ``AnnIndex.scores``
 
 
-class Superseded(Exception):
-    """A newer checkpoint became complete while this one was being processed."""
-
-
 def faiss_gpus() -> int:
     """GPUs FAISS can use (0 with ``faiss-cpu``)."""
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
@@ -213,9 +209,10 @@ class AnnIndex:
         return out
 
     def search(self, queries: np.ndarray, k: int, batch_size: int = 1024,
-               should_stop: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+               cancel: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` document indices and scores per query (``-1`` where fewer exist), in
-        batches of ``batch_size`` queries."""
+        batches of ``batch_size`` queries. ``cancel`` is called before each batch and may
+        raise to abandon the search (the indexer's supersession check)."""
         assert self._search_index is not None, "finalize() the index before searching"
         k = min(k, len(self))
         all_ids = np.full((len(queries), k), -1, dtype=np.int64)
@@ -226,8 +223,8 @@ class AnnIndex:
         if self.config.type == "hnsw":  # per call: concurrent searches may differ in k
             params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw.ef_search, k))
         for start in range(0, len(queries), batch_size):
-            if should_stop is not None and should_stop():
-                raise Superseded()
+            if cancel is not None:
+                cancel()
             chunk = self._prepared(queries[start : start + batch_size])
             scores, rows = self._search_index.search(chunk, k, params=params)
             ids = np.where(rows >= 0, self._row_to_doc[np.maximum(rows, 0)], -1)

@@ -27,12 +27,15 @@ import numpy as np
 import torch
 
 from ance_train.inferencer.uploader import EncodedShard, ShardUploader
-from ance_train.infra import bus as events
+from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkItem, WorkQueue
 from ance_train.infra.store import CorruptObject, ObjectNotFound, StorageError
 from ance_train.modeling.checkpoint_cache import ModelCache
 from ance_train.modeling.encoding import encode_texts, prepare_model, resolve_precision
 from ance_train.observability.telemetry import InferencerTelemetry
-from ance_train.protocol.refresh import CORPUS, ZERO_SHOT_STEP, embedding_key, query_order
+from ance_train.protocol import keys
+from ance_train.protocol.events import ShardFailed
+from ance_train.protocol.supersession import worth_encoding
+from ance_train.protocol.work import ShardKind, query_order
 from ance_train.runtime import ServiceContext
 
 # On CPU, batches are capped at 4096 padded tokens (16 rows of 256 tokens): bounded memory and
@@ -55,7 +58,7 @@ class Inferencer:
         if cfg.inference.torch_threads:
             torch.set_num_threads(cfg.inference.torch_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
+        self.queue = WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
         # bf16 / int8 (inference.precision) are applied once per checkpoint, when it is loaded.
         self.precision = resolve_precision(cfg.inference.precision, self.device)
         ctx.log.info("encoding on %s in %s (inference.precision %s)", self.device.type,
@@ -79,7 +82,7 @@ class Inferencer:
         while not ctx.stop.is_set():
             try:
                 item = self.queue.claim(consumer, block_ms=1000)
-            except Exception as error:  # Redis restarting: back off and retry
+            except REDIS_UNAVAILABLE as error:  # back off and retry
                 ctx.log.warning("claiming work failed: %s", error)
                 ctx.stop.wait(1.0)
                 continue
@@ -88,13 +91,13 @@ class Inferencer:
                 continue
             try:
                 self._handle(item, consumer)
-            except (*events.REDIS_UNAVAILABLE, StorageError) as error:
+            except (*REDIS_UNAVAILABLE, StorageError) as error:
                 # Not acknowledged: the item is delivered again after claim_timeout_s.
                 ctx.log.warning("%s@%d left for redelivery: %s", item.name, item.step, error)
                 ctx.stop.wait(1.0)
         self.uploader.close()  # the last shard's upload finishes before the service stops
 
-    def _handle(self, item: events.WorkItem, consumer: str) -> None:
+    def _handle(self, item: WorkItem, consumer: str) -> None:
         if not self._should_encode(item):
             self.skipped += 1
             self.ctx.log.info("skipping %s of superseded checkpoint %d", item.name, item.step)
@@ -107,25 +110,28 @@ class Inferencer:
                 raise  # left for redelivery
             self._give_up(item, consumer, error)
 
-    def _give_up(self, item: events.WorkItem, consumer: str, error: StorageError) -> None:
+    def _give_up(self, item: WorkItem, consumer: str, error: StorageError) -> None:
         """Announce the item as failed, then acknowledge it (a crash in between only repeats
         the announcement, which the indexer treats idempotently)."""
         self.ctx.log.error("giving up %s of checkpoint %d after %d attempts: %s", item.name,
                            item.step, item.attempt, error)
-        self.ctx.bus.publish(events.SHARD_FAILED, item.step, kind=item.kind, shard=item.shard,
-                             key=embedding_key(item.step, item.kind, item.shard),
-                             instance=consumer, attempt=item.attempt, error=str(error))
+        self.ctx.bus.publish(ShardFailed(step=item.step, kind=item.work.kind, shard=item.shard,
+                                         key=item.work.key, instance=consumer,
+                                         attempt=item.attempt, error=str(error)))
         self.queue.done(item)
 
-    def _should_encode(self, item: events.WorkItem) -> bool:
+    def _should_encode(self, item: WorkItem) -> bool:
+        """See :func:`ance_train.protocol.supersession.worth_encoding`; encoding an item
+        raises the "refresh under way" marker to its step."""
+        marker = self.ctx.bus.key(keys.REFRESH_UNDER_WAY)
         latest = self.ctx.bus.latest_checkpoint()
-        under_way = int(self.ctx.redis.get(self.ctx.bus.key("refresh_under_way")) or -1)
-        if item.step not in (latest, under_way, ZERO_SHOT_STEP):
+        under_way = int(self.ctx.redis.get(marker) or -1)
+        if not worth_encoding(item.step, latest, under_way):
             return False
-        self._raise_marker(keys=[self.ctx.bus.key("refresh_under_way")], args=[item.step])
+        self._raise_marker(keys=[marker], args=[item.step])
         return True
 
-    def _encode(self, item: events.WorkItem, consumer: str) -> None:
+    def _encode(self, item: WorkItem, consumer: str) -> None:
         ctx, cfg = self.ctx, self.ctx.config
         ctx.state.update(state="running", phase=f"encoding {item.name}@{item.step}",
                          checkpoint_step=item.step, done=0, total=item.stop - item.start)
@@ -142,13 +148,13 @@ class Inferencer:
         try:
             model, tokenizer = self.models.get(item.step)
             loaded = time.monotonic()
-            if item.kind == CORPUS:
+            if item.work.kind is ShardKind.CORPUS:
                 ids = np.arange(item.start, item.stop, dtype=np.int64)
                 texts = [text for _, text in ctx.corpus.iter_range(item.start, item.stop)]
                 max_length = cfg.model.max_doc_length
-            else:
-                ids = np.arange(item.start, item.stop, dtype=np.int64)
-                texts = [ctx.dataset.queries[q] for q in self.query_ids[item.start:item.stop]]
+            else:  # query shards carry the query ids, so no reader relies on an order
+                ids = np.array(self.query_ids[item.start:item.stop], dtype=np.str_)
+                texts = [ctx.dataset.queries[q] for q in ids]
                 max_length = cfg.model.max_query_length
             vectors = encode_texts(model, tokenizer, texts, max_length=max_length,
                                    batch_size=cfg.inference.batch_size, device=self.device,
@@ -184,12 +190,12 @@ class Inferencer:
                           count, seconds, ", ".join(f"{k} {v:.2f}" for k, v in
                                                     shard.timings.items()))
 
-    def _heartbeat(self, consumer: str, item: events.WorkItem, done: threading.Event) -> None:
+    def _heartbeat(self, consumer: str, item: WorkItem, done: threading.Event) -> None:
         interval = max(self.ctx.config.inference.claim_timeout_s / 3, 0.2)
         while not done.wait(interval):
             try:
                 self.queue.heartbeat(consumer, item)
-            except Exception as error:
+            except REDIS_UNAVAILABLE as error:  # the next beat retries
                 self.ctx.log.warning("heartbeat for %s failed: %s", item.name, error)
 
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, WorkItem, WorkQueue
 from ance_train.infra.store import ObjectStore, StorageError
-from ance_train.protocol.refresh import embedding_key, pack_embeddings
+from ance_train.protocol.embeddings import pack_embeddings
+from ance_train.protocol.events import ShardEncoded
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class EncodedShard:
     """A shard ready to upload: vectors, where its time went so far, and how to end its
     heartbeat."""
 
-    item: events.WorkItem
+    item: WorkItem
     consumer: str
     ids: np.ndarray
     vectors: np.ndarray
@@ -38,7 +39,7 @@ class EncodedShard:
 
 
 class ShardUploader:
-    def __init__(self, store: ObjectStore, bus: events.EventBus, queue: events.WorkQueue,
+    def __init__(self, store: ObjectStore, bus: EventBus, queue: WorkQueue,
                  on_uploaded: Callable[[EncodedShard, float], None]) -> None:
         self.store = store
         self.bus = bus
@@ -68,17 +69,18 @@ class ShardUploader:
         item, timings = shard.item, shard.timings
         started = time.monotonic()
         try:
-            key = embedding_key(item.step, item.kind, item.shard)
+            key = item.work.key
             self.store.put_bytes(key, pack_embeddings(shard.ids, shard.vectors))
             timings["upload_s"] = time.monotonic() - started
             seconds = timings.get("load_s", 0.0) + timings.get("encode_s", 0.0) + timings[
                 "upload_s"]
-            self.bus.publish(events.SHARD_ENCODED, item.step, kind=item.kind, shard=item.shard,
-                             key=key, count=len(shard.ids), seconds=seconds,
-                             instance=shard.consumer, attempt=item.attempt, finished_at=time.time(),
-                             **{name: round(value, 4) for name, value in timings.items()})
+            self.bus.publish(ShardEncoded(
+                step=item.step, kind=item.work.kind, shard=item.shard, key=key,
+                count=len(shard.ids), seconds=seconds, instance=shard.consumer,
+                attempt=item.attempt, finished_at=time.time(),
+                **{name: round(value, 4) for name, value in timings.items()}))
             self.queue.done(item)
-        except (*events.REDIS_UNAVAILABLE, StorageError) as error:
+        except (*REDIS_UNAVAILABLE, StorageError) as error:
             log.warning("%s@%d left for redelivery: upload failed: %s", item.name, item.step,
                         error)
             return

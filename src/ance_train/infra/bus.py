@@ -6,53 +6,62 @@ acknowledged: nothing is lost across restarts, and an entry held by a dead consu
 reclaimed (``XAUTOCLAIM``) by another one after ``claim_timeout_s`` of silence. Live
 consumers keep their claim fresh with :meth:`WorkQueue.heartbeat`.
 
-Every event carries ``run_id`` and ``step`` (the checkpoint step it belongs to); handlers
-must be idempotent, because redelivery can repeat an event.
+What travels is defined in :mod:`ance_train.protocol`: every entry is validated against the
+model of its stream when it is read. An entry that does not validate is never handed to a
+handler: it is logged, copied to the run's dead-letter stream (``ance:<run>:dead-letter``,
+with the stream, entry id and error) and acknowledged, so a bad payload is neither retried
+forever nor lost. Handlers must be idempotent, because redelivery can repeat an event.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ance_train.infra.credentials import REDIS_PASSWORD_VAR, redis_password
+from ance_train.protocol import keys
+from ance_train.protocol.events import Event
+from ance_train.protocol.message import MalformedMessage, Message
+from ance_train.protocol.work import ShardWork
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_PUBLISHED = "checkpoint.published"
-SHARD_ENCODED = "shard.encoded"
-# An item given up on: its checkpoint cannot be read (corrupt or missing) after
-# inference.max_attempts deliveries. The checkpoint is abandoned; later ones go on.
-SHARD_FAILED = "shard.failed"
-NEGATIVES_READY = "negatives.ready"
-EVAL_COMPLETED = "eval.completed"
-WORK_QUEUE = "work"
-RUN_FINISHED = "run.finished"
-
 # What a call raises once the client's own retries gave up (Redis down or restarting): a
 # consumer loop backs off and goes on; whatever it had not acknowledged is delivered again.
+# Consumer loops catch these and nothing else: any other error stops the service.
 REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+
+E = TypeVar("E", bound=Event)
 
 
 @dataclass(frozen=True)
-class Event:
-    """One entry of a stream: its id, type and payload (always with ``run_id`` and ``step``)."""
+class Received(Generic[E]):
+    """One validated entry of a stream: its id (the Redis server's clock) and its event."""
 
     entry_id: str
-    type: str
-    payload: dict[str, Any] = field(default_factory=dict)
+    event: E
 
     @property
-    def step(self) -> int:
-        return int(self.payload["step"])
+    def step(self) -> Any:
+        return getattr(self.event, "step", None)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An entry that failed validation, as kept in the dead-letter stream."""
+
+    entry_id: str  # in the dead-letter stream
+    stream: str  # where it was published
+    original_id: str
+    error: str
+    data: str
 
 
 class RedisAuthError(redis.RedisError):
@@ -100,18 +109,20 @@ class EventBus:
         self.client = client
         self.run_id = run_id
 
-    def stream(self, event_type: str) -> str:
-        return f"ance:{self.run_id}:{event_type}"
+    def stream(self, event_type: type[Message] | str) -> str:
+        name = event_type if isinstance(event_type, str) else event_type.TYPE
+        return keys.redis_key(self.run_id, name)
 
     def key(self, name: str) -> str:
-        """A plain key in the run's namespace (registry, latest checkpoint, ...)."""
-        return f"ance:{self.run_id}:{name}"
+        """A plain key in the run's namespace (names in :mod:`ance_train.protocol.keys`)."""
+        return keys.redis_key(self.run_id, name)
 
-    def publish(self, event_type: str, step: int, **payload: Any) -> str:
-        body = {"run_id": self.run_id, "step": int(step), **payload}
-        return self.client.xadd(self.stream(event_type), {"data": json.dumps(body)})
+    def publish(self, event: Event) -> str:
+        """Add ``event`` (stamped with this run's id) to its stream; returns the entry id."""
+        stamped = event.model_copy(update={"run_id": self.run_id})
+        return self.client.xadd(self.stream(type(event)), {"data": stamped.encode()})
 
-    def ensure_group(self, event_type: str, group: str, start: str = "0") -> None:
+    def ensure_group(self, event_type: type[Message], group: str, start: str = "0") -> None:
         """Create the consumer group (from the start of the stream) if it does not exist."""
         try:
             self.client.xgroup_create(self.stream(event_type), group, id=start, mkstream=True)
@@ -119,10 +130,10 @@ class EventBus:
             if "BUSYGROUP" not in str(error):
                 raise
 
-    def consume(
-        self, event_type: str, group: str, consumer: str, block_ms: int = 1000, count: int = 16
-    ) -> list[Event]:
-        """New entries for this group; first re-delivers this consumer's own pending ones."""
+    def consume(self, event_type: type[E], group: str, consumer: str, block_ms: int = 1000,
+                count: int = 16) -> list[Received[E]]:
+        """New entries for this group; first re-delivers this consumer's own pending ones.
+        Entries that do not validate are dead-lettered and acknowledged, not returned."""
         self.ensure_group(event_type, group)
         stream = self.stream(event_type)
         pending = self.client.xreadgroup(group, consumer, {stream: "0"}, count=count)
@@ -131,36 +142,81 @@ class EventBus:
             fresh = self.client.xreadgroup(group, consumer, {stream: ">"}, count=count,
                                            block=_block(block_ms))
             entries = _entries(fresh)
-        return [_to_event(event_type, entry_id, fields) for entry_id, fields in entries]
+        received = []
+        for entry_id, fields in entries:
+            try:
+                received.append(Received(entry_id, self._decode(event_type, fields)))
+            except MalformedMessage as error:
+                self.dead_letter(stream, entry_id, fields, error)
+                self.client.xack(stream, group, entry_id)
+        return received
 
-    def ack(self, event_type: str, group: str, entry_id: str) -> None:
+    def ack(self, event_type: type[Event], group: str, entry_id: str) -> None:
         self.client.xack(self.stream(event_type), group, entry_id)
 
-    def read_all(self, event_type: str, after: str = "0", block_ms: int | None = None,
-                 count: int = 100) -> list[Event]:
+    def read_all(self, event_type: type[E], after: str = "0", block_ms: int | None = None,
+                 count: int = 100) -> list[Received[E]]:
         """Read without a group (observers such as the launcher and ``status``)."""
         reply = self.client.xread({self.stream(event_type): after}, count=count,
                                   block=_block(block_ms))
-        return [_to_event(event_type, entry_id, fields) for entry_id, fields in _entries(reply)]
+        return list(self._valid(event_type, _entries(reply)))
 
-    def history(self, event_type: str) -> Iterator[Event]:
-        for entry_id, fields in self.client.xrange(self.stream(event_type)):
-            yield _to_event(event_type, entry_id, fields)
+    def history(self, event_type: type[E]) -> Iterator[Received[E]]:
+        """Every valid entry of the stream, oldest first (restart recovery, observers)."""
+        yield from self._valid(event_type, self.client.xrange(self.stream(event_type)))
+
+    def last_entry_id(self, event_type: type[Event]) -> str:
+        """The id of the newest entry of the stream (``0`` if empty): a cursor for
+        :meth:`read_all` that skips the history."""
+        newest = self.client.xrevrange(self.stream(event_type), count=1)
+        return newest[0][0] if newest else "0"
+
+    def _valid(self, event_type: type[E], entries: Iterable[tuple[str, dict]]
+               ) -> Iterator[Received[E]]:
+        """Validated entries; a malformed one was dead-lettered by the consumer group that
+        first read it, so observers only log and skip it."""
+        for entry_id, fields in entries:
+            try:
+                yield Received(entry_id, self._decode(event_type, fields))
+            except MalformedMessage as error:
+                log.warning("skipping malformed entry %s of %s: %s", entry_id,
+                            self.stream(event_type), error)
+
+    def _decode(self, message_type: type[Any], fields: dict) -> Any:
+        if "data" not in fields:
+            raise MalformedMessage(f"not a valid {message_type.TYPE} message: no data field")
+        message = message_type.decode(fields["data"])
+        if message.run_id != self.run_id:
+            raise MalformedMessage(f"run_id {message.run_id!r} in the stream of run "
+                                   f"{self.run_id!r}")
+        return message
+
+    # -- dead letters -----------------------------------------------------------------------
+    def dead_letter(self, stream: str, entry_id: str, fields: dict, error: Exception) -> None:
+        """Keep an entry that failed validation, with why, and log it once."""
+        log.error("dead-lettered entry %s of %s: %s", entry_id, stream, error)
+        self.client.xadd(self.key(keys.DEAD_LETTER_STREAM), {
+            "stream": stream, "entry_id": entry_id, "error": str(error),
+            "data": str(fields.get("data", fields))})
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return [DeadLetter(entry_id, f["stream"], f["entry_id"], f["error"], f["data"])
+                for entry_id, f in self.client.xrange(self.key(keys.DEAD_LETTER_STREAM))]
 
     # Latest published checkpoint: lets stale work be skipped cheaply.
     def set_latest_checkpoint(self, step: int) -> None:
-        self.client.set(self.key("latest_checkpoint"), int(step))
+        self.client.set(self.key(keys.LATEST_CHECKPOINT), int(step))
 
     def latest_checkpoint(self) -> int:
-        value = self.client.get(self.key("latest_checkpoint"))
+        value = self.client.get(self.key(keys.LATEST_CHECKPOINT))
         return -1 if value is None else int(value)
 
     # Service registry for `ance-train status`: role/instance -> gRPC address, with a TTL.
     def register(self, role: str, instance: str, address: str, ttl_s: int = 30) -> None:
-        self.client.set(self.key(f"service:{role}:{instance}"), address, ex=ttl_s)
+        self.client.set(self.key(keys.service_registration(role, instance)), address, ex=ttl_s)
 
     def services(self) -> dict[str, str]:
-        prefix = self.key("service:")
+        prefix = self.key(keys.service_registration("", ""))[: -len(":")]
         found = {}
         for key in self.client.scan_iter(match=prefix + "*"):
             address = self.client.get(key)
@@ -171,19 +227,35 @@ class EventBus:
 
 @dataclass(frozen=True)
 class WorkItem:
-    """A shard to encode with one checkpoint: ``kind`` is ``corpus`` or ``queries``."""
+    """A claimed :class:`ShardWork`: its entry id and which delivery this is."""
 
     entry_id: str
-    step: int
-    kind: str
-    shard: int
-    start: int
-    stop: int
+    work: ShardWork
     attempt: int = 1
 
     @property
+    def step(self) -> int:
+        return self.work.step
+
+    @property
+    def kind(self) -> str:
+        return self.work.kind
+
+    @property
+    def shard(self) -> int:
+        return self.work.shard
+
+    @property
+    def start(self) -> int:
+        return self.work.start
+
+    @property
+    def stop(self) -> int:
+        return self.work.stop
+
+    @property
     def name(self) -> str:
-        return f"{self.kind}-{self.shard:05d}"
+        return self.work.name
 
 
 class WorkQueue:
@@ -194,21 +266,32 @@ class WorkQueue:
     def __init__(self, bus: EventBus, claim_timeout_s: float) -> None:
         self.bus = bus
         self.claim_timeout_ms = int(claim_timeout_s * 1000)
-        self.stream = bus.stream(WORK_QUEUE)
+        self.stream = bus.stream(ShardWork)
 
-    def enqueue(self, step: int, kind: str, ranges: list[tuple[int, int]],
-                first_shard: int = 0) -> None:
-        """Queue one item per range, numbered from ``first_shard`` (to re-queue one shard)."""
+    def enqueue(self, items: Iterable[ShardWork]) -> None:
+        """Queue the items in one transaction."""
         pipe = self.bus.client.pipeline(transaction=True)
-        for shard, (start, stop) in enumerate(ranges, start=first_shard):
-            body = {"run_id": self.bus.run_id, "step": step, "kind": kind, "shard": shard,
-                    "start": start, "stop": stop}
-            pipe.xadd(self.stream, {"data": json.dumps(body)})
+        for work in items:
+            stamped = work.model_copy(update={"run_id": self.bus.run_id})
+            pipe.xadd(self.stream, {"data": stamped.encode()})
         pipe.execute()
 
     def claim(self, consumer: str, block_ms: int = 1000) -> WorkItem | None:
-        """Take one item: a timed-out item of a dead replica first, else a new one."""
-        self.bus.ensure_group(WORK_QUEUE, self.GROUP)
+        """Take one item: a timed-out item of a dead replica first, else a new one.
+        A malformed item is dead-lettered and acknowledged, and the next one is taken."""
+        while True:
+            claimed = self._claim_entry(consumer, block_ms)
+            if claimed is None:
+                return None
+            entry_id, fields, attempt = claimed
+            try:
+                return WorkItem(entry_id, self.bus._decode(ShardWork, fields), attempt)
+            except MalformedMessage as error:
+                self.bus.dead_letter(self.stream, entry_id, fields, error)
+                self.bus.client.xack(self.stream, self.GROUP, entry_id)
+
+    def _claim_entry(self, consumer: str, block_ms: int) -> tuple[str, dict, int] | None:
+        self.bus.ensure_group(ShardWork, self.GROUP)
         client = self.bus.client
         # XAUTOCLAIM scans a bounded number of pending entries per call: follow its cursor
         # through the whole pending list so an item behind many live ones is still found.
@@ -219,7 +302,7 @@ class WorkQueue:
                 start_id=cursor, count=1)
             for entry_id, fields in entries:
                 if fields:  # a deleted entry comes back without fields
-                    return self._item(entry_id, fields, attempt=self._deliveries(entry_id))
+                    return entry_id, fields, self._deliveries(entry_id)
                 client.xack(self.stream, self.GROUP, entry_id)
             if next_cursor in ("0-0", b"0-0"):
                 break
@@ -230,7 +313,7 @@ class WorkQueue:
         if not fresh:
             return None
         entry_id, fields = fresh[0]
-        return self._item(entry_id, fields, attempt=1)
+        return entry_id, fields, 1
 
     def heartbeat(self, consumer: str, item: WorkItem) -> None:
         """Reset the idle time of an item this replica is still working on."""
@@ -241,19 +324,13 @@ class WorkQueue:
         self.bus.client.xack(self.stream, self.GROUP, item.entry_id)
 
     def pending_count(self) -> int:
-        self.bus.ensure_group(WORK_QUEUE, self.GROUP)
+        self.bus.ensure_group(ShardWork, self.GROUP)
         return int(self.bus.client.xpending(self.stream, self.GROUP)["pending"])
 
     def _deliveries(self, entry_id: str) -> int:
         info = self.bus.client.xpending_range(self.stream, self.GROUP, min=entry_id, max=entry_id,
                                               count=1)
         return int(info[0]["times_delivered"]) if info else 1
-
-    @staticmethod
-    def _item(entry_id: str, fields: dict, attempt: int) -> WorkItem:
-        body = json.loads(fields["data"])
-        return WorkItem(entry_id, int(body["step"]), body["kind"], int(body["shard"]),
-                        int(body["start"]), int(body["stop"]), attempt)
 
 
 def entry_seconds(entry_id: str) -> float:
@@ -284,7 +361,3 @@ def _entries(reply: Any) -> list[tuple[str, dict]]:
     if isinstance(reply, dict):  # RESP3 shape
         return [entry for entries in reply.values() for entry in entries[0]]
     return [entry for _, entries in reply for entry in entries]
-
-
-def _to_event(event_type: str, entry_id: str, fields: dict) -> Event:
-    return Event(entry_id, event_type, json.loads(fields["data"]))

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from ance_train.config import RunConfig, dump_config
 from ance_train.data.dataset import validate_dataset
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.credentials import redis_password
 from ance_train.infra.rpc import fetch_status
 from ance_train.infra.store import LocalStore, ObjectStore, store_from_env
@@ -33,6 +33,8 @@ from ance_train.launcher.ports import free_port
 from ance_train.launcher.process import die_with_parent
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.modeling.model import check_encoder
+from ance_train.protocol import keys
+from ance_train.protocol.events import EvalCompleted, RunFinished
 from ance_train.runtime import publish_dataset
 
 # Logs and CI are not terminals: keep the metrics table readable there too.
@@ -130,12 +132,12 @@ class EmbeddedRun:
         """Objects an earlier run with this run_id left in S3 (a local store lives in the run
         directory). A new run would resume from its checkpoints: refused unless --overwrite."""
         store = store_from_env(self.config.run_id, str(self.run_dir / "store"))
-        keys = [] if isinstance(store, LocalStore) else store.list()
-        if keys and not self.overwrite:
-            raise RunAborted(f"the object store already holds {len(keys)} objects of run "
+        stale = [] if isinstance(store, LocalStore) else store.list()
+        if stale and not self.overwrite:
+            raise RunAborted(f"the object store already holds {len(stale)} objects of run "
                              f"{self.config.run_id!r}; pass --overwrite to replace them or "
                              "change run_id")
-        return store, keys
+        return store, stale
 
     def _spawn(self, role: str, name: str, port: int) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
@@ -162,7 +164,7 @@ class EmbeddedRun:
     # -- monitoring -----------------------------------------------------------------------
     def monitor(self) -> RunResult:
         assert self.redis is not None
-        bus = events.EventBus(events.connect(self.redis_url), self.config.run_id)
+        bus = EventBus(connect(self.redis_url), self.config.run_id)
         result = RunResult()
         started = time.monotonic()
         deadline = None if self.max_minutes is None else started + self.max_minutes * 60
@@ -176,19 +178,19 @@ class EmbeddedRun:
         with progress:
             while True:
                 self._check_children()
-                for event in bus.read_all(events.EVAL_COMPLETED, after=cursor, block_ms=1000):
-                    cursor = event.entry_id
-                    entry = {"step": event.step, "metrics": event.payload["metrics"],
-                             "timings": event.payload.get("timings", {}),
+                for received in bus.read_all(EvalCompleted, after=cursor, block_ms=1000):
+                    cursor = received.entry_id
+                    entry = {"step": received.event.step, "metrics": received.event.metrics,
+                             "timings": received.event.timings,
                              "elapsed_s": time.monotonic() - started}
                     result.evaluations.append(entry)
                     row = _metrics_row(entry)
                     table.add_row(*row)
                     progress.console.print(_metrics_line(entry))
                 if final_step is None:
-                    finished = list(bus.history(events.RUN_FINISHED))
+                    finished = list(bus.history(RunFinished))
                     if finished:
-                        final_step = finished[-1].step
+                        final_step = finished[-1].event.step
                 if final_step is not None and any(e["step"] == final_step
                                                   for e in result.evaluations):
                     break
@@ -198,7 +200,7 @@ class EmbeddedRun:
                     raise RunAborted(f"run exceeded --max-minutes {self.max_minutes}")
             progress.update(task, completed=self.config.training.steps, description="done")
         result.seconds = time.monotonic() - started
-        result.trainer_summary = self.store.get_json("trainer/summary.json")
+        result.trainer_summary = self.store.get_json(keys.TRAINER_SUMMARY)
         console.print(table)
         return result
 
@@ -208,7 +210,7 @@ class EmbeddedRun:
         except Exception:
             return 0
 
-    def _describe_refresh(self, bus: events.EventBus) -> str:
+    def _describe_refresh(self, bus: EventBus) -> str:
         try:
             reply = fetch_status(self.indexer.address, timeout_s=0.5)
             trainer = fetch_status(self.trainer.address, timeout_s=0.5)

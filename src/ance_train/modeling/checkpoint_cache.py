@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from ance_train.config import ModelConfig
 from ance_train.infra.store import ObjectStore
 from ance_train.modeling.model import BiEncoder, load_tokenizer
-from ance_train.protocol.refresh import checkpoint_prefix
+from ance_train.protocol import keys
 
 # The trainer's resume state (optimizer moments: about twice the weights' size) is written
 # into every checkpoint as ``training_state.*``; a model used for encoding never needs it.
@@ -40,7 +40,7 @@ class ModelCache:
         with self.lock:
             if self.step != step:
                 local = self.directory / str(step)
-                self.store.get_dir(checkpoint_prefix(step), local,
+                self.store.get_dir(keys.checkpoint(step), local,
                                    skip=lambda rel: rel.startswith(TRAINING_STATE_PREFIX))
                 model = BiEncoder.from_pretrained(local, self.config).to(self.device).eval()
                 if self.prepare is not None:

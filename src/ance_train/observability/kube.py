@@ -205,6 +205,11 @@ class RunReporter:
     def from_env(cls, role: str, instance: str) -> RunReporter:
         return cls(KubeSettings.from_env(), role, instance)
 
+    @classmethod
+    def disabled(cls) -> RunReporter:
+        """A reporter that sends nothing (no AnceRun: tests, tools)."""
+        return cls(None, "", "")
+
     # -- what the services call --------------------------------------------------------------
     def start(self) -> RunReporter:
         if self.enabled and self._thread is None:

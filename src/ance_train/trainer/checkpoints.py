@@ -16,11 +16,14 @@ import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from ance_train.config import RunConfig
 from ance_train.data.dataset import DatasetIndex
-from ance_train.infra import bus as events
+from ance_train.infra.bus import EventBus, WorkQueue
 from ance_train.infra.store import MANIFEST_NAME, ObjectStore
 from ance_train.modeling.model import BiEncoder
-from ance_train.protocol.refresh import CORPUS, QUERIES, RefreshPlan, checkpoint_prefix
+from ance_train.protocol import keys
+from ance_train.protocol.events import CheckpointPublished
+from ance_train.protocol.work import RefreshPlan, ShardKind
 from ance_train.trainer.training_state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -28,14 +31,15 @@ log = logging.getLogger(__name__)
 
 def latest_complete_checkpoint(store: ObjectStore) -> int | None:
     """The newest checkpoint step whose MANIFEST (written last by ``put_dir``) is stored."""
-    steps = [int(parts[1]) for parts in (key.split("/") for key in store.list("checkpoints"))
-             if len(parts) == 3 and parts[2] == MANIFEST_NAME and parts[1].isdigit()]
-    return max(steps, default=None)
+    steps = [keys.checkpoint_step(key) for key in store.list(keys.CHECKPOINTS)
+             if key.endswith(f"/{MANIFEST_NAME}") and key.count("/") == 2]
+    return max((step for step in steps if step is not None), default=None)
 
 
 class CheckpointPublisher:
-    def __init__(self, store: ObjectStore, bus: events.EventBus, queue: events.WorkQueue,
-                 config, dataset: DatasetIndex, work_dir: Path, keep_local: int = 2) -> None:
+    def __init__(self, store: ObjectStore, bus: EventBus, queue: WorkQueue,
+                 config: RunConfig, dataset: DatasetIndex, work_dir: Path,
+                 keep_local: int = 2) -> None:
         self.store = store
         self.bus = bus
         self.queue = queue
@@ -59,13 +63,13 @@ class CheckpointPublisher:
         directory = self.local_dir / str(step)
         if directory.exists():
             shutil.rmtree(directory)
-        self.store.get_dir(checkpoint_prefix(step), directory)
+        self.store.get_dir(keys.checkpoint(step), directory)
         return directory
 
     def ensure_announced(self, step: int) -> None:
         """Finish the publication of a stored checkpoint whose event never went out (the
         trainer died between the MANIFEST and the event); a published one is left alone."""
-        if any(e.step == step for e in self.bus.history(events.CHECKPOINT_PUBLISHED)):
+        if any(r.event.step == step for r in self.bus.history(CheckpointPublished)):
             return
         log.info("checkpoint %d is stored but was never announced: announcing it", step)
         self._announce(step)
@@ -76,17 +80,16 @@ class CheckpointPublisher:
         return future
 
     def _publish(self, step: int, directory: Path) -> None:
-        self.store.put_dir(checkpoint_prefix(step), directory)
+        self.store.put_dir(keys.checkpoint(step), directory)
         self._announce(step)
         self._prune_local(keep=step)
 
     def _announce(self, step: int) -> None:
         plan = RefreshPlan.for_run(step, self.config, self.dataset)
         self.bus.set_latest_checkpoint(step)
-        self.queue.enqueue(step, CORPUS, plan.corpus_ranges)
-        self.queue.enqueue(step, QUERIES, plan.query_ranges)
-        self.bus.publish(events.CHECKPOINT_PUBLISHED, step, key=checkpoint_prefix(step),
-                         **plan.to_payload())
+        self.queue.enqueue(plan.work(ShardKind.CORPUS))
+        self.queue.enqueue(plan.work(ShardKind.QUERIES))
+        self.bus.publish(CheckpointPublished(step=step, key=keys.checkpoint(step), plan=plan))
         log.info("checkpoint %d published (%d corpus + %d query shards)", step,
                  len(plan.corpus_ranges), len(plan.query_ranges))
 

@@ -16,10 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus
 from ance_train.infra.store import ObjectStore, StorageError
 from ance_train.negatives.table import NegativesTable
-from ance_train.protocol.refresh import negatives_key
+from ance_train.protocol.events import NegativesReady
+from ance_train.protocol.tables import TableId, TableKind
 from ance_train.trainer.training_state import NegativesInUse
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 class NegativesFeed:
     GROUP = "trainer"
 
-    def __init__(self, bus: events.EventBus, store: ObjectStore, instance: str,
+    def __init__(self, bus: EventBus, store: ObjectStore, instance: str,
                  stop: threading.Event) -> None:
         self.bus = bus
         self.store = store
@@ -37,6 +38,7 @@ class NegativesFeed:
         self.bm25: NegativesTable | None = None
         self.ann: NegativesTable | None = None
         self.dual: NegativesTable | None = None
+        self.error: BaseException | None = None  # what stopped the feed thread, if anything
         self._arrived = threading.Condition()
         self._thread = threading.Thread(target=self._listen, name="negatives-feed", daemon=True)
 
@@ -46,24 +48,29 @@ class NegativesFeed:
 
     def restore(self, held: NegativesInUse) -> None:
         """Reload the tables held at a checkpoint, then take any newer announced one."""
-        wanted = {"bm25": negatives_key("bm25") if held.bm25 else None,
-                  "ann": None if held.ann is None else negatives_key(held.ann),
-                  "dual": None if held.dual is None else negatives_key(f"{held.dual}-dual")}
-        for name, key in wanted.items():
-            if key is None:
+        wanted = [TableId.bm25() if held.bm25 else None,
+                  None if held.ann is None else TableId.ann(held.ann),
+                  None if held.dual is None else TableId.dual(held.dual)]
+        for table in wanted:
+            if table is None:
                 continue
             try:
-                self._set(name, self._load(key))
+                self._set(table.kind, self._load(table))
             except StorageError as error:
-                log.error("cannot reload the %s negatives %s: %s", name, key, error)
-        for event in self.bus.history(events.NEGATIVES_READY):
-            self._handle(event)
+                log.error("cannot reload the %s negatives %s: %s", table.kind, table.key, error)
+        for received in self.bus.history(NegativesReady):
+            self._handle(received.event)
+
+    def check(self) -> None:
+        """Re-raise, in the training loop, what stopped the feed thread (a bug, not Redis)."""
+        if self.error is not None:
+            raise RuntimeError("the negatives feed stopped") from self.error
 
     def wait_until(self, ready: Callable[[], bool], timeout_s: float | None = None) -> bool:
         """Block until ``ready()`` (only allowed before the first step)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._arrived:
-            while not ready() and not self.stop.is_set():
+            while not ready() and not self.stop.is_set() and self.error is None:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
@@ -71,40 +78,45 @@ class NegativesFeed:
         return ready()
 
     def _listen(self) -> None:
-        while not self.stop.is_set():
-            try:
-                batch = self.bus.consume(events.NEGATIVES_READY, self.GROUP, self.instance,
-                                         block_ms=500)
-            except Exception as error:  # Redis restarting: back off, the group keeps our place
-                log.warning("reading negatives.ready failed: %s", error)
-                self.stop.wait(1.0)
-                continue
-            for event in batch:
-                self._handle(event)
-                self.bus.ack(events.NEGATIVES_READY, self.GROUP, event.entry_id)
-
-    def _handle(self, event: events.Event) -> None:
-        payload = event.payload
         try:
-            if payload.get("source") == "bm25":
-                if self.bm25 is None:
-                    self._set("bm25", self._load(payload["key"]))
-                return
-            current = self.ann.step if self.ann is not None else None
-            if payload.get("key") and (current is None or event.step > current):
-                self._set("ann", self._load(payload["key"]))
-            elif payload.get("key"):
-                log.info("ignoring negatives of step %d (using %d)", event.step, current)
-            if payload.get("dual_key") and (self.dual is None or event.step > self.dual.step):
-                self._set("dual", self._load(payload["dual_key"]))
-        except StorageError as error:
-            log.error("cannot load negatives of step %d: %s", event.step, error)
+            while not self.stop.is_set():
+                try:
+                    batch = self.bus.consume(NegativesReady, self.GROUP, self.instance,
+                                             block_ms=500)
+                except REDIS_UNAVAILABLE as error:  # back off; the group keeps our place
+                    log.warning("reading negatives.ready failed: %s", error)
+                    self.stop.wait(1.0)
+                    continue
+                for received in batch:
+                    self._handle(received.event)
+                    self.bus.ack(NegativesReady, self.GROUP, received.entry_id)
+        except BaseException as error:  # a bug: the loop re-raises it (``check``)
+            log.exception("the negatives feed stopped")
+            with self._arrived:
+                self.error = error
+                self._arrived.notify_all()
 
-    def _load(self, key: str) -> NegativesTable:
-        return NegativesTable.from_bytes(self.store.get_bytes(key))
+    def _handle(self, event: NegativesReady) -> None:
+        for table in event.tables:
+            held = getattr(self, table.kind.value)
+            if table.kind is TableKind.BM25:
+                newer = held is None
+            else:
+                newer = held is None or (table.step or 0) > held.step
+            if not newer:
+                log.info("ignoring %s negatives %s (holding step %s)", table.kind, table,
+                         held.step)
+                continue
+            try:
+                self._set(table.kind, self._load(table))
+            except StorageError as error:
+                log.error("cannot load negatives %s: %s", table.key, error)
 
-    def _set(self, name: str, table: NegativesTable) -> None:
+    def _load(self, table: TableId) -> NegativesTable:
+        return NegativesTable.from_bytes(self.store.get_bytes(table.key))
+
+    def _set(self, kind: TableKind, table: NegativesTable) -> None:
         with self._arrived:
-            setattr(self, name, table)  # one reference swap, read by the loop at its next batch
+            setattr(self, kind.value, table)  # one swap, read by the loop at its next batch
             self._arrived.notify_all()
-        log.info("%s negatives of step %d ready (%d rows)", name, table.step, len(table))
+        log.info("%s negatives of step %d ready (%d rows)", kind, table.step, len(table))

@@ -26,9 +26,11 @@ from pathlib import Path
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from ance_train.infra import bus as events
+from ance_train.infra.bus import WorkQueue
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.observability.telemetry import TrainerTelemetry
+from ance_train.protocol import keys
+from ance_train.protocol.events import RunFinished, ShardFailed
 from ance_train.runtime import ServiceContext
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
@@ -41,8 +43,6 @@ from ance_train.trainer.training_state import (
     capture_rng,
     restore_rng,
 )
-
-SUMMARY_KEY = "trainer/summary.json"
 
 
 @dataclass
@@ -86,7 +86,7 @@ class Trainer:
         if cfg.training.torch_threads:
             torch.set_num_threads(cfg.training.torch_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.queue = events.WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
+        self.queue = WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
         self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
                                              ctx.work_dir)
         self.resumed_from = latest_complete_checkpoint(ctx.store)
@@ -127,10 +127,10 @@ class Trainer:
         self.in_use_step = state.negatives.in_use
         return state
 
-    def _abandoned(self) -> events.Event | None:
+    def _abandoned(self) -> ShardFailed | None:
         """The ``shard.failed`` of the checkpoint the first negatives must come from, if any."""
-        return next((event for event in self.ctx.bus.history(events.SHARD_FAILED)
-                     if event.step == self.step), None)
+        return next((r.event for r in self.ctx.bus.history(ShardFailed)
+                     if r.event.step == self.step), None)
 
     def run(self) -> TrainingRecord:
         ctx, cfg = self.ctx, self.cfg
@@ -148,18 +148,20 @@ class Trainer:
             started = time.monotonic()
             self.feed.wait_until(lambda: self.picker.ready() or self._abandoned() is not None)
             self.record.wait_before_first_s += time.monotonic() - started
+            self.feed.check()
             abandoned = self._abandoned()
             if not self.picker.ready() and abandoned is not None:
                 raise RuntimeError(
                     f"no first negatives: checkpoint {self.step} was abandoned because "
-                    f"{abandoned.payload.get('key')} could not be encoded "
-                    f"({abandoned.payload.get('error')}); with negatives.pool "
+                    f"{abandoned.key} could not be encoded "
+                    f"({abandoned.error}); with negatives.pool "
                     f"{cfg.negatives.pool} and no BM25 warm-up there is nothing to train on")
         if self._resume_state is not None:
             restore_rng(self._resume_state.rng)  # last: nothing may draw before the loop
         self.first_step = self.step + 1
         dual_weight = cfg.negatives.dual_weight
         while self.step < cfg.training.steps and not ctx.stop.is_set():
+            self.feed.check()
             self.step += 1
             started = time.monotonic()
             source, table_step = self.picker.pick(self.step)
@@ -179,9 +181,9 @@ class Trainer:
         self.publisher.flush()
         self.publisher.close()
         finished = self.step >= cfg.training.steps
-        ctx.store.put_json(SUMMARY_KEY, self.summary(finished))
+        ctx.store.put_json(keys.TRAINER_SUMMARY, self.summary(finished))
         if finished:
-            ctx.bus.publish(events.RUN_FINISHED, self.step, final_step=self.step)
+            ctx.bus.publish(RunFinished(step=self.step))
             self.telemetry.finished(self.step)
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
         return self.record
@@ -292,4 +294,4 @@ class Trainer:
 
 
 def serve(ctx: ServiceContext) -> int:
-    return ctx.serve(Trainer(ctx).run)
+    return ctx.serve(Trainer(ctx).run, finishes=True)

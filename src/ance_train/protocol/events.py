@@ -1,0 +1,128 @@
+"""The events the services exchange on Redis Streams, one typed model per event.
+
+Every event is a JSON object in the stream entry's ``data`` field. It carries the run id
+and the schema ``version``; readers validate it against the model of its stream (unknown
+fields, missing fields, wrong types and other versions are rejected), and the bus
+dead-letters what does not validate instead of handing it to a handler
+(:class:`ance_train.infra.bus.EventBus`). Handlers must be idempotent: redelivery can
+repeat an event.
+
+| event | published by | when |
+|---|---|---|
+| ``checkpoint.published`` | trainer | a checkpoint is stored and its shard work queued |
+| ``shard.encoded`` | inferencer | one embedding shard is stored |
+| ``shard.failed`` | inferencer | an item was given up (its checkpoint cannot be read) |
+| ``negatives.ready`` | indexer | negatives tables are stored (BM25 at start, then per refresh) |
+| ``eval.completed`` | indexer | a refresh's metrics are stored |
+| ``run.finished`` | trainer | the last step is done |
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field, model_validator
+
+from ance_train.protocol.message import MalformedMessage, Message
+from ance_train.protocol.tables import TableId, TableKind
+from ance_train.protocol.work import RefreshPlan, ShardKind
+
+
+class Event(Message):
+    """A fact one service announces to the others (see the table above)."""
+
+
+class CheckpointPublished(Event):
+    TYPE: ClassVar[str] = "checkpoint.published"
+
+    step: int = Field(ge=0)
+    key: str  # the checkpoint's prefix in the store
+    plan: RefreshPlan
+
+    @model_validator(mode="after")
+    def _plan_of_this_step(self) -> CheckpointPublished:
+        if self.plan.step != self.step:
+            raise ValueError(f"plan of step {self.plan.step} in the event of step {self.step}")
+        return self
+
+
+class ShardEncoded(Event):
+    TYPE: ClassVar[str] = "shard.encoded"
+
+    step: int = Field(ge=0)
+    kind: ShardKind
+    shard: int = Field(ge=0)
+    key: str
+    count: int = Field(ge=0)  # texts in the shard
+    instance: str  # the inferencer replica that encoded it
+    attempt: int = Field(ge=1)  # delivery of the work item (≥ 2: it was reclaimed)
+    finished_at: float  # Unix time the shard was stored
+    seconds: float  # load + encode + upload
+    load_s: float = 0.0
+    encode_s: float = 0.0
+    upload_s: float = 0.0
+    wait_s: float = 0.0  # waiting for the previous shard's upload
+
+
+class ShardFailed(Event):
+    """An item given up on: its checkpoint cannot be read (corrupt or missing) after
+    ``inference.max_attempts`` deliveries. The checkpoint is abandoned; later ones go on."""
+
+    TYPE: ClassVar[str] = "shard.failed"
+
+    step: int = Field(ge=0)
+    kind: ShardKind
+    shard: int = Field(ge=0)
+    key: str  # the shard that could not be produced
+    instance: str
+    attempt: int = Field(ge=1)
+    error: str  # names the object that could not be read
+
+
+class NegativesReady(Event):
+    """Tables stored and ready to use: BM25 alone, or a refresh's ANN and/or DANCE tables."""
+
+    TYPE: ClassVar[str] = "negatives.ready"
+
+    tables: tuple[TableId, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_checkpoint(self) -> NegativesReady:
+        if len({t.step for t in self.tables}) != 1 or len({t.kind for t in self.tables}) != len(
+                self.tables):
+            raise ValueError("tables must be of one checkpoint, at most one of each kind")
+        return self
+
+    @property
+    def step(self) -> int | None:
+        """The checkpoint that mined the tables; None for the BM25 table."""
+        return self.tables[0].step
+
+    def table(self, kind: TableKind) -> TableId | None:
+        return next((t for t in self.tables if t.kind is kind), None)
+
+
+class EvalCompleted(Event):
+    TYPE: ClassVar[str] = "eval.completed"
+
+    step: int = Field(ge=0)
+    key: str  # the evaluation report in the store
+    metrics: dict[str, dict[str, float]]  # split -> measure -> value
+    timings: dict[str, float] = Field(default_factory=dict)  # build_s, mine_s, eval_s
+    diagnostics: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunFinished(Event):
+    TYPE: ClassVar[str] = "run.finished"
+
+    step: int = Field(ge=0)  # the final step
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls for cls in (CheckpointPublished, ShardEncoded, ShardFailed, NegativesReady,
+                              EvalCompleted, RunFinished)
+}
+
+
+__all__ = ["EVENT_TYPES", "CheckpointPublished", "EvalCompleted", "Event", "MalformedMessage",
+           "NegativesReady", "RunFinished", "ShardEncoded", "ShardFailed"]

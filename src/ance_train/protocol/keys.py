@@ -1,0 +1,71 @@
+"""Every object-store key and Redis key of a run, each built by one function.
+
+Object keys are relative to the run (the store prefixes ``<run_id>/``); Redis keys carry the
+run id themselves (``ance:<run_id>:...``). Nothing else in the code spells a key.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ance_train.protocol.tables import TableId
+    from ance_train.protocol.work import ShardKind
+
+# -- object store ---------------------------------------------------------------------------
+# The validated dataset index, published once by the launcher / `ance-train prepare`: the
+# same two file names in the store (under ``data/``) and in each service's local cache.
+DATASET_INDEX_FILE = "dataset.json"
+DOC_OFFSETS_FILE = "doc_offsets.npy"
+DATASET_INDEX = f"data/{DATASET_INDEX_FILE}"
+DOC_OFFSETS = f"data/{DOC_OFFSETS_FILE}"
+# The trainer's record of the run (losses, async gaps, swaps), written at the end.
+TRAINER_SUMMARY = "trainer/summary.json"
+CHECKPOINTS = "checkpoints"
+
+
+def checkpoint(step: int) -> str:
+    """The prefix of checkpoint ``step`` (a Hugging Face model directory + MANIFEST.json)."""
+    return f"{CHECKPOINTS}/{int(step)}"
+
+
+def checkpoint_step(key: str) -> int | None:
+    """The step of a key under ``checkpoints/<step>/``, or None for any other key."""
+    parts = key.split("/")
+    if len(parts) >= 2 and parts[0] == CHECKPOINTS and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def embeddings(step: int) -> str:
+    """The prefix of every embedding shard of checkpoint ``step``."""
+    return f"embeddings/{int(step)}"
+
+
+def embedding_shard(step: int, kind: ShardKind | str, shard: int) -> str:
+    return f"{embeddings(step)}/{kind}-{int(shard):05d}.npz"
+
+
+def negatives_table(table: TableId) -> str:
+    """``negatives/bm25.npz``, ``negatives/<k>.npz`` (ANN) or ``negatives/<k>-dual.npz``."""
+    return f"negatives/{table.name}.npz"
+
+
+def eval_report(step: int) -> str:
+    return f"eval/{int(step)}.json"
+
+
+# -- Redis ----------------------------------------------------------------------------------
+def redis_key(run_id: str, name: str) -> str:
+    """A key in the run's Redis namespace; ``name`` is one of the names below or a stream."""
+    return f"ance:{run_id}:{name}"
+
+
+LATEST_CHECKPOINT = "latest_checkpoint"  # newest published checkpoint step
+REFRESH_UNDER_WAY = "refresh_under_way"  # highest checkpoint step any inferencer started
+WORK_STREAM = "work"  # the shard work queue
+DEAD_LETTER_STREAM = "dead-letter"  # entries that failed validation, kept for inspection
+
+
+def service_registration(role: str, instance: str) -> str:
+    return f"service:{role}:{instance}"
