@@ -57,7 +57,7 @@ def test_every_event_round_trips_through_json(event) -> None:
     (json.dumps({"run_id": "r", "step": 1, "version": 2}), "schema version 2 is not supported"),
 ])
 def test_a_malformed_event_is_rejected_naming_the_problem(data: str, named: str) -> None:
-    with pytest.raises(MalformedMessage, match="not a valid run.finished message") as raised:
+    with pytest.raises(MalformedMessage, match=r"not a valid run\.finished message") as raised:
         RunFinished.decode(data)
     assert named in str(raised.value)
 
