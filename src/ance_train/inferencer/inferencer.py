@@ -115,8 +115,8 @@ class Inferencer:
         the announcement, which the indexer treats idempotently)."""
         self.ctx.log.error("giving up %s of checkpoint %d after %d attempts: %s", item.name,
                            item.step, item.attempt, error)
-        self.ctx.bus.publish(ShardFailed(step=item.step, kind=item.work.kind, shard=item.shard,
-                                         key=item.work.key, instance=consumer,
+        self.ctx.bus.publish(ShardFailed(step=item.step, kind=item.kind, shard=item.shard,
+                                         key=item.key, instance=consumer,
                                          attempt=item.attempt, error=str(error)))
         self.queue.done(item)
 
@@ -148,7 +148,7 @@ class Inferencer:
         try:
             model, tokenizer = self.models.get(item.step)
             loaded = time.monotonic()
-            if item.work.kind is ShardKind.CORPUS:
+            if item.kind is ShardKind.CORPUS:
                 ids = np.arange(item.start, item.stop, dtype=np.int64)
                 texts = [text for _, text in ctx.corpus.iter_range(item.start, item.stop)]
                 max_length = cfg.model.max_doc_length

@@ -69,13 +69,13 @@ class ShardUploader:
         item, timings = shard.item, shard.timings
         started = time.monotonic()
         try:
-            key = item.work.key
+            key = item.key
             self.store.put_bytes(key, pack_embeddings(shard.ids, shard.vectors))
             timings["upload_s"] = time.monotonic() - started
             seconds = timings.get("load_s", 0.0) + timings.get("encode_s", 0.0) + timings[
                 "upload_s"]
             self.bus.publish(ShardEncoded(
-                step=item.step, kind=item.work.kind, shard=item.shard, key=key,
+                step=item.step, kind=item.kind, shard=item.shard, key=key,
                 count=len(shard.ids), seconds=seconds, instance=shard.consumer,
                 attempt=item.attempt, finished_at=time.time(),
                 **{name: round(value, 4) for name, value in timings.items()}))

@@ -225,37 +225,11 @@ class EventBus:
         return dict(sorted(found.items()))
 
 
-@dataclass(frozen=True)
-class WorkItem:
-    """A claimed :class:`ShardWork`: its entry id and which delivery this is."""
+class WorkItem(ShardWork):
+    """A claimed :class:`ShardWork`: the work plus its entry id and which delivery this is."""
 
     entry_id: str
-    work: ShardWork
     attempt: int = 1
-
-    @property
-    def step(self) -> int:
-        return self.work.step
-
-    @property
-    def kind(self) -> str:
-        return self.work.kind
-
-    @property
-    def shard(self) -> int:
-        return self.work.shard
-
-    @property
-    def start(self) -> int:
-        return self.work.start
-
-    @property
-    def stop(self) -> int:
-        return self.work.stop
-
-    @property
-    def name(self) -> str:
-        return self.work.name
 
 
 class WorkQueue:
@@ -285,7 +259,8 @@ class WorkQueue:
                 return None
             entry_id, fields, attempt = claimed
             try:
-                return WorkItem(entry_id, self.bus._decode(ShardWork, fields), attempt)
+                work = self.bus._decode(ShardWork, fields)
+                return WorkItem(**work.model_dump(), entry_id=entry_id, attempt=attempt)
             except MalformedMessage as error:
                 self.bus.dead_letter(self.stream, entry_id, fields, error)
                 self.bus.client.xack(self.stream, self.GROUP, entry_id)
