@@ -15,10 +15,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from ance_train.infra.atomic import atomic_write
 
 MANIFEST_NAME = "MANIFEST.json"
 SIDECAR_SUFFIX = ".sha256"
@@ -191,24 +192,16 @@ class ObjectStore(abc.ABC):
 
     def _get_file_checked(self, key: str, path: Path, expected: str | None) -> str:
         validate_key(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_MARKER)
-        try:
-            os.fchmod(fd, 0o644)
-            with os.fdopen(fd, "w+b") as f:
-                sha = self._download_to(key, f)
-                f.flush()
-                os.fsync(f.fileno())
+
+        def download(f: IO[bytes]) -> str:
+            sha = self._download_to(key, f)
             if expected is not None and sha != expected:
                 raise CorruptObject(
                     f"object {key!r} has sha256 {sha} but the manifest records {expected}"
                 )
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return sha
+            return sha
+
+        return atomic_write(path, download, suffix=_TMP_MARKER)
 
     def put_json(self, key: str, obj: Any) -> str:
         """Store ``obj`` as UTF-8 JSON; return its sha256."""
