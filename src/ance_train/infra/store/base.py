@@ -99,15 +99,23 @@ def _join(prefix: str, rel: str) -> str:
     return f"{prefix}/{rel}" if prefix else rel
 
 
-def _hash_file(path: Path) -> tuple[str, int]:
-    """Return (sha256 hex, size) of a local file."""
+def _copy_hashed(src: IO[bytes], dst: IO[bytes] | None = None) -> tuple[str, int]:
+    """Read ``src`` to its end in chunks (writing them to ``dst`` when given); return the
+    (sha256 hex, size) of what was read."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
+    while chunk := src.read(_CHUNK):
+        h.update(chunk)
+        size += len(chunk)
+        if dst is not None:
+            dst.write(chunk)
     return h.hexdigest(), size
+
+
+def _hash_file(path: Path) -> tuple[str, int]:
+    """Return (sha256 hex, size) of a local file."""
+    with open(path, "rb") as f:
+        return _copy_hashed(f)
 
 
 def _verify(key: str, expected: str | None, actual: str) -> None:

@@ -7,16 +7,16 @@ import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ance_train.infra.atomic import atomic_write
 from ance_train.infra.store.base import (
-    _CHUNK,
     _TMP_MARKER,
     SIDECAR_SUFFIX,
     ObjectNotFound,
     ObjectStore,
     StorageError,
+    _copy_hashed,
     _fsync_dir,
     _validate_prefix,
     _verify,
@@ -62,46 +62,36 @@ class LocalStore(ObjectStore):
         except OSError as e:
             raise StorageError(f"{op} {key!r} failed: {e}") from e
 
-    def _commit(self, key: str, sha: str, write_data: Callable[[IO[bytes]], Any]) -> None:
+    def _commit(self, key: str, write_data: Callable[[IO[bytes]], str]) -> str:
+        """The one way an object is written: ``write_data`` writes the bytes into a temp file
+        and returns their sha256; the file replaces the data, then the sidecar is written."""
         path = self._path(key)
         sidecar = self._sidecar(path)
         with self._errors("put", key):
             # Drop the old checksum first: while the data is replaced the object is absent.
             sidecar.unlink(missing_ok=True)
-            atomic_write(path, write_data, suffix=_TMP_MARKER)
+            sha = atomic_write(path, write_data, suffix=_TMP_MARKER)
             atomic_write(sidecar, lambda f: f.write(sha.encode("ascii") + b"\n"),
                          suffix=_TMP_MARKER)
             _fsync_dir(path.parent)
+        return sha
 
     def put_bytes(self, key: str, data: bytes) -> str:
         """Store ``data`` under ``key``; return its sha256."""
         data = bytes(data)
         sha = hashlib.sha256(data).hexdigest()
-        self._commit(key, sha, lambda f: f.write(data))
-        return sha
+
+        def write(f: IO[bytes]) -> str:
+            f.write(data)
+            return sha
+
+        return self._commit(key, write)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> str:
         """Copy a local file into the store (hashing while copying); return its sha256."""
         validate_key(key)
-        h = hashlib.sha256()
         with open(path, "rb") as src:
-
-            def copy(f: IO[bytes]) -> None:
-                while chunk := src.read(_CHUNK):
-                    h.update(chunk)
-                    f.write(chunk)
-
-            # sha is known only after copying: write data, then the sidecar.
-            dst = self._path(key)
-            sidecar = self._sidecar(dst)
-            with self._errors("put", key):
-                sidecar.unlink(missing_ok=True)
-                atomic_write(dst, copy, suffix=_TMP_MARKER)
-                sha = h.hexdigest()
-                atomic_write(sidecar, lambda f: f.write(sha.encode("ascii") + b"\n"),
-                         suffix=_TMP_MARKER)
-                _fsync_dir(dst.parent)
-        return sha
+            return self._commit(key, lambda f: _copy_hashed(src, f)[0])
 
     def _read_sidecar(self, key: str, path: Path) -> str:
         with self._errors("get", key):
@@ -120,12 +110,8 @@ class LocalStore(ObjectStore):
     def _download_to(self, key: str, f: IO[bytes]) -> str:
         path = self._path(key)
         expected = self._read_sidecar(key, path)
-        h = hashlib.sha256()
         with self._errors("get", key), open(path, "rb") as src:
-            while chunk := src.read(_CHUNK):
-                h.update(chunk)
-                f.write(chunk)
-        sha = h.hexdigest()
+            sha, _ = _copy_hashed(src, f)
         _verify(key, expected, sha)
         return sha
 
