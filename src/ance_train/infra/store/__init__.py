@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 
+from ance_train.infra.env import env_flag
 from ance_train.infra.store.base import _TMP_MARKER as _TMP_MARKER  # temp-file names (tests)
 from ance_train.infra.store.base import (
     MANIFEST_NAME,
@@ -51,9 +52,6 @@ __all__ = [
     "validate_key",
 ]
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
-
 
 def store_from_env(run_id: str, local_root: str | None = None) -> ObjectStore:
     """Build the run's store from the environment.
@@ -73,9 +71,7 @@ def store_from_env(run_id: str, local_root: str | None = None) -> ObjectStore:
                 f"ANCE_S3_ENDPOINT is set but {' and '.join(missing)} "
                 f"{'is' if len(missing) == 1 else 'are'} missing"
             )
-        secure_raw = env.get("ANCE_S3_SECURE", "0").strip().lower()
-        if secure_raw not in _TRUE | _FALSE:
-            raise StorageError(f"ANCE_S3_SECURE must be 0 or 1, got {secure_raw!r}")
+        secure = env_flag("ANCE_S3_SECURE", env, StorageError)
         retry_raw = env.get("ANCE_S3_RETRY_SECONDS", "").strip()
         try:
             retry_seconds = float(retry_raw) if retry_raw else 60.0
@@ -87,7 +83,7 @@ def store_from_env(run_id: str, local_root: str | None = None) -> ObjectStore:
             env["ANCE_S3_ACCESS_KEY"],
             env["ANCE_S3_SECRET_KEY"],
             env.get("ANCE_S3_BUCKET", "").strip() or "ance-train",
-            secure=secure_raw in _TRUE,
+            secure=secure,
             region=env.get("ANCE_S3_REGION", "").strip() or None,
             retry_seconds=retry_seconds,
         )
