@@ -152,11 +152,6 @@ class DatasetFiles:
         )
 
 
-def resolve_files(cfg: DataConfig) -> DatasetFiles:
-    """Same as :meth:`DatasetFiles.resolve`."""
-    return DatasetFiles.resolve(cfg)
-
-
 def _text_kind(path: Path, fmt: str) -> str:
     """``"jsonl"`` or ``"tsv"``: from the file suffix, else from the dataset format."""
     suffix = path.suffix.lower()
