@@ -21,10 +21,11 @@ from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wa
 
 from ance_train.config import RunConfig, load_config
 from ance_train.data.dataset import (
-    Corpus,
-    DatasetFiles,
+    INDEX_FILE,
+    OFFSETS_FILE,
     DatasetIndex,
     load_dataset_index,
+    open_corpus,
     validate_dataset,
 )
 from ance_train.infra import bus as events
@@ -36,8 +37,8 @@ from ance_train.observability.metrics import metrics_port, start_metrics_server
 
 DATASET_INDEX_KEY = "data/dataset.json"
 DOC_OFFSETS_KEY = "data/doc_offsets.npy"
-DATASET_INDEX_FILE = "dataset.json"
-DOC_OFFSETS_FILE = "doc_offsets.npy"
+DATASET_INDEX_FILE = INDEX_FILE  # the names validate_dataset writes in its cache directory
+DOC_OFFSETS_FILE = OFFSETS_FILE
 DATASET_TIMEOUT_VAR = "ANCE_DATASET_TIMEOUT_S"
 DEFAULT_DATASET_TIMEOUT_S = 3600.0
 
@@ -148,8 +149,7 @@ class ServiceContext:
         self.state = ServiceState(options.role, self.config.run_id, options.instance)
         self.stop = threading.Event()
         self.dataset: DatasetIndex = fetch_dataset(self.store, self.work_dir / "data")
-        self.corpus = Corpus(DatasetFiles.resolve(self.config.data),
-                             self.work_dir / "data" / DOC_OFFSETS_FILE, self.config.data.format)
+        self.corpus = open_corpus(self.config.data, self.work_dir / "data")
         self.server: GrpcServer | None = None
 
     def install_signal_handlers(self) -> None:
