@@ -49,6 +49,13 @@ _DEFAULT_FILES: dict[str, tuple[str, str, str, str]] = {
 
 Qrels = dict[str, dict[int, int]]
 """Query id → {document index: graded relevance > 0}."""
+SPLITS = ("train", "dev", "test")
+
+
+def is_positive(relevance: int) -> bool:
+    """Whether a judgement makes the document a positive of its query: relevance > 0 (graded
+    qrels judge non-relevant documents with 0). The one definition of a positive."""
+    return relevance > 0
 
 
 class DataError(ValueError):
@@ -432,6 +439,14 @@ class DatasetIndex:
     warnings: list[str] = field(default_factory=list)
     empty_doc_count: int = 0
 
+    def positives(self, query_id: str, split: str = "train") -> list[int]:
+        """The positives of ``query_id`` in ``split``: its documents judged with
+        :func:`is_positive` relevance, sorted (KeyError when the query is not in the split)."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}: expected one of {', '.join(SPLITS)}")
+        judged: Qrels = getattr(self, split)
+        return sorted(doc for doc, rel in judged[query_id].items() if is_positive(rel))
+
     def to_json(self) -> str:
         def split(qrels: Qrels) -> dict[str, dict[str, int]]:
             return {q: {str(d): r for d, r in docs.items()} for q, docs in qrels.items()}
@@ -619,7 +634,7 @@ def _scan_qrels(
                     duplicates += 1
                 continue
             first_line[(qid, index)] = (line_no, rel)
-            if rel > 0:
+            if is_positive(rel):
                 qrels.setdefault(qid, {})[index] = rel
     if duplicates:
         noun = "judgement" if duplicates == 1 else "judgements"
