@@ -2,8 +2,11 @@
 
 ``index.type`` picks the structure: ``flat`` (``IndexFlatIP``, exact, as in ANCE §5, so the
 mined negatives are the true top-K of the checkpoint), ``ivf``, ``ivfpq`` or ``hnsw``
-(approximate; their recall against flat is in docs/benchmarks/indexer.md). With
-``similarity: cosine`` vectors and queries are L2-normalised, so inner product is cosine.
+(approximate; their recall against flat is in docs/benchmarks/indexer.md). The indexer
+searches the embeddings of a checkpoint as they are: a ``similarity: cosine`` model already
+returns unit vectors (:meth:`BiEncoder.forward` normalises them, the one place that does), so
+inner product is cosine. ``AnnIndex(..., similarity="cosine")`` L2-normalises vectors and
+queries itself, for raw vectors that did not come from the model (benchmarks, tests).
 
 Memory stays bounded by the index: searches run in batches of ``index.search_batch_size``
 queries (FAISS itself scores a batch in blocks), exact candidate scores are computed a few
