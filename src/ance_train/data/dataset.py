@@ -17,14 +17,15 @@ and seeks on the corpus file, so the corpus text is never held in memory.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import random
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from ance_train.config import DataConfig
 from ance_train.infra.atomic import atomic_write
 
 logger = logging.getLogger(__name__)
+_Parsed = TypeVar("_Parsed")
 
 MAX_ERRORS = 20
 """How many problems a :class:`DataError` lists (all are counted)."""
@@ -501,6 +503,22 @@ def load_dataset_index(cache_dir: str | Path) -> DatasetIndex:
 # --------------------------------------------------------------------------- validation
 
 
+def _parsed_lines(path: Path, parse: Callable[[bytes], _Parsed], name: str,
+                  problems: _Problems) -> Iterator[tuple[int, int, _Parsed]]:
+    """(1-based line number, byte offset, ``parse(line)``) of each non-blank line of ``path``;
+    a line that ``parse`` rejects is recorded in ``problems`` and skipped."""
+    with open(path, "rb") as handle:
+        for line_no, offset, raw in _lines(handle):
+            if _is_blank(raw):
+                continue
+            try:
+                parsed = parse(raw)
+            except _LineError as error:
+                problems.at(name, line_no, str(error))
+                continue
+            yield line_no, offset, parsed
+
+
 @dataclass
 class _CorpusScan:
     doc_index: dict[str, int]
@@ -513,29 +531,22 @@ def _scan_corpus(path: Path, kind: str, name: str, problems: _Problems) -> _Corp
     first_line = array("q")  # line number of each document, for duplicate messages
     offsets = array("q")
     empty_ids: list[str] = []
-    with open(path, "rb") as handle:
-        for line_no, offset, raw in _lines(handle):
-            if _is_blank(raw):
-                continue
-            try:
-                doc_id, title, text = _parse_doc(raw, kind)
-            except _LineError as error:
-                problems.at(name, line_no, str(error))
-                continue
-            seen = doc_index.get(doc_id)
-            if seen is not None:
-                problems.at(
-                    name,
-                    line_no,
-                    f"duplicate document id {_quote(doc_id)} (first seen on line "
-                    f"{first_line[seen]})",
-                )
-                continue
-            doc_index[doc_id] = len(offsets)
-            offsets.append(offset)
-            first_line.append(line_no)
-            if not title.strip() and not text.strip():
-                empty_ids.append(doc_id)
+    parse = functools.partial(_parse_doc, kind=kind)
+    for line_no, offset, (doc_id, title, text) in _parsed_lines(path, parse, name, problems):
+        seen = doc_index.get(doc_id)
+        if seen is not None:
+            problems.at(
+                name,
+                line_no,
+                f"duplicate document id {_quote(doc_id)} (first seen on line "
+                f"{first_line[seen]})",
+            )
+            continue
+        doc_index[doc_id] = len(offsets)
+        offsets.append(offset)
+        first_line.append(line_no)
+        if not title.strip() and not text.strip():
+            empty_ids.append(doc_id)
     if not offsets and not problems.count:
         problems.add(f"{name}: the corpus has no documents")
     return _CorpusScan(doc_index, offsets, empty_ids)
@@ -547,26 +558,19 @@ def _scan_queries(
     queries: dict[str, str] = {}
     first_line: dict[str, int] = {}
     empty_ids: list[str] = []
-    with open(path, "rb") as handle:
-        for line_no, _, raw in _lines(handle):
-            if _is_blank(raw):
-                continue
-            try:
-                qid, text = _parse_query(raw, kind)
-            except _LineError as error:
-                problems.at(name, line_no, str(error))
-                continue
-            if qid in first_line:
-                problems.at(
-                    name,
-                    line_no,
-                    f"duplicate query id {_quote(qid)} (first seen on line {first_line[qid]})",
-                )
-                continue
-            first_line[qid] = line_no
-            queries[qid] = text
-            if not text.strip():
-                empty_ids.append(qid)
+    parse = functools.partial(_parse_query, kind=kind)
+    for line_no, _, (qid, text) in _parsed_lines(path, parse, name, problems):
+        if qid in first_line:
+            problems.at(
+                name,
+                line_no,
+                f"duplicate query id {_quote(qid)} (first seen on line {first_line[qid]})",
+            )
+            continue
+        first_line[qid] = line_no
+        queries[qid] = text
+        if not text.strip():
+            empty_ids.append(qid)
     return queries, empty_ids
 
 
