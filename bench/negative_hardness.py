@@ -55,7 +55,7 @@ def positives_and_ranks(stored: StoredCheckpoint, query_ids: list[str], block: i
     for start in range(0, len(query_ids), block):
         for row, sims in enumerate(vectors[start:start + block] @ docs.T, start=start):
             qid = query_ids[row]
-            positives = [d for d, rel in stored.dataset.train[qid].items() if rel > 0]
+            positives = stored.dataset.positives(qid)
             best[qid] = float(sims[positives].max())
             ranks[row] = int((sims > best[qid]).sum()) + 1
     return best, ranks

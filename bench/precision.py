@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as cache:
         dataset = validate_dataset(data_cfg, cache, seed=data_cfg.split_seed)
         corpus = open_corpus(data_cfg, cache)
-        positives = sorted({d for rels in dataset.dev.values() for d, r in rels.items() if r > 0})
+        positives = sorted({d for q in dataset.dev for d in dataset.positives(q, "dev")})
         others = np.setdiff1d(np.arange(dataset.num_docs), positives)
         rng = np.random.default_rng(args.seed)
         extra = rng.choice(others, size=max(args.docs - len(positives), 0), replace=False)

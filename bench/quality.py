@@ -239,13 +239,13 @@ def bm25_runs(data: Path) -> tuple[dict, dict]:
     import bm25s
 
     from ance_train.config import DataConfig
-    from ance_train.data.dataset import Corpus, DatasetFiles, validate_dataset
+    from ance_train.data.dataset import open_corpus, validate_dataset
 
     method_data = yaml.safe_load((METHODS_DIR / "ance.yaml").read_text())["data"]
     cfg = DataConfig(**{**method_data, "path": str(data.resolve())})
     with tempfile.TemporaryDirectory() as cache:
         dataset = validate_dataset(cfg, Path(cache), seed=cfg.split_seed)
-        corpus = Corpus(DatasetFiles.resolve(cfg), Path(cache) / "doc_offsets.npy", cfg.format)
+        corpus = open_corpus(cfg, cache)
         texts = [text for _, text in corpus.iter_range(0, len(corpus))]
     retriever = bm25s.BM25(k1=0.9, b=0.4)
     retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),

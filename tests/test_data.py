@@ -18,6 +18,7 @@ from ance_train.data.dataset import (
     DatasetFiles,
     DatasetIndex,
     doc_text,
+    is_positive,
     load_dataset_index,
     open_corpus,
     shard_ranges,
@@ -590,3 +591,34 @@ def test_doc_text() -> None:
     assert doc_text("  ", "body") == "body"
     assert doc_text("Title", "") == "Title"
     assert doc_text("", "") == ""
+
+
+# --------------------------------------------------------------------------- positives
+
+
+def test_is_positive_is_relevance_above_zero() -> None:
+    assert [is_positive(rel) for rel in (-1, 0, 1, 2, 3)] == [False, False, True, True, True]
+
+
+def test_positives_of_a_query() -> None:
+    index = DatasetIndex(format="beir", num_docs=10, queries={},
+                         train={"a": {7: 1, 3: 2, 5: 0, 9: -1}, "z": {4: 0}},
+                         dev={"b": {2: 1, 0: 1}}, test={"c": {8: 3}})
+    assert index.positives("a") == [3, 7]  # sorted; graded 0 (and below) are not positives
+    assert index.positives("a", "train") == [3, 7]
+    assert index.positives("z") == []
+    assert index.positives("b", "dev") == [0, 2]
+    assert index.positives("c", "test") == [8]
+    with pytest.raises(KeyError):
+        index.positives("b")  # b is a dev query, not a training one
+    with pytest.raises(ValueError, match="unknown split 'eval'"):
+        index.positives("a", "eval")
+
+
+def test_positives_of_a_validated_dataset(tmp_path: Path) -> None:
+    root = make_msmarco(tmp_path / "marco")  # query 2 judges document 100 with relevance 0
+    cfg = DataConfig(format="msmarco", path=str(root), dev_fraction=0.0)
+    index = validate_dataset(cfg, tmp_path / "cache")
+    assert {q: index.positives(q) for q in index.train} == {"1": [2], "2": [3], "9": [1]}
+    assert index.positives("10", "test") == [0, 4]
+

@@ -23,9 +23,9 @@ from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wa
 from ance_train.config import RunConfig, load_config
 from ance_train.data.dataset import (
     Corpus,
-    DatasetFiles,
     DatasetIndex,
     load_dataset_index,
+    open_corpus,
     validate_dataset,
 )
 from ance_train.infra import bus
@@ -133,8 +133,7 @@ def connect_context(options: ServiceOptions) -> ServiceContext:
     bus.wait_for_redis(client)
     wait_for_dataset(store, dataset_timeout_s(), log)
     dataset = fetch_dataset(store, work_dir / "data")
-    corpus = Corpus(DatasetFiles.resolve(config.data), work_dir / "data" / keys.DOC_OFFSETS_FILE,
-                    config.data.format)
+    corpus = open_corpus(config.data, work_dir / "data")
     return ServiceContext(options=options, config=config, log=log, work_dir=work_dir,
                           store=store, redis=client, bus=bus.EventBus(client, config.run_id),
                           dataset=dataset, corpus=corpus, reporter=reporter)

@@ -17,14 +17,15 @@ and seeks on the corpus file, so the corpus text is never held in memory.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import random
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from ance_train.infra.atomic import atomic_write
 from ance_train.protocol.keys import DATASET_INDEX_FILE, DOC_OFFSETS_FILE
 
 logger = logging.getLogger(__name__)
+_Parsed = TypeVar("_Parsed")
 
 MAX_ERRORS = 20
 """How many problems a :class:`DataError` lists (all are counted)."""
@@ -48,6 +50,13 @@ _DEFAULT_FILES: dict[str, tuple[str, str, str, str]] = {
 
 Qrels = dict[str, dict[int, int]]
 """Query id → {document index: graded relevance > 0}."""
+SPLITS = ("train", "dev", "test")
+
+
+def is_positive(relevance: int) -> bool:
+    """Whether a judgement makes the document a positive of its query: relevance > 0 (graded
+    qrels judge non-relevant documents with 0). The one definition of a positive."""
+    return relevance > 0
 
 
 class DataError(ValueError):
@@ -149,11 +158,6 @@ class DatasetFiles:
             test_qrels=test if has_test else None,
             root=root,
         )
-
-
-def resolve_files(cfg: DataConfig) -> DatasetFiles:
-    """Same as :meth:`DatasetFiles.resolve`."""
-    return DatasetFiles.resolve(cfg)
 
 
 def _text_kind(path: Path, fmt: str) -> str:
@@ -436,6 +440,14 @@ class DatasetIndex:
     warnings: list[str] = field(default_factory=list)
     empty_doc_count: int = 0
 
+    def positives(self, query_id: str, split: str = "train") -> list[int]:
+        """The positives of ``query_id`` in ``split``: its documents judged with
+        :func:`is_positive` relevance, sorted (KeyError when the query is not in the split)."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}: expected one of {', '.join(SPLITS)}")
+        judged: Qrels = getattr(self, split)
+        return sorted(doc for doc, rel in judged[query_id].items() if is_positive(rel))
+
     def to_json(self) -> str:
         def split(qrels: Qrels) -> dict[str, dict[str, int]]:
             return {q: {str(d): r for d, r in docs.items()} for q, docs in qrels.items()}
@@ -490,6 +502,22 @@ def load_dataset_index(cache_dir: str | Path) -> DatasetIndex:
 # --------------------------------------------------------------------------- validation
 
 
+def _parsed_lines(path: Path, parse: Callable[[bytes], _Parsed], name: str,
+                  problems: _Problems) -> Iterator[tuple[int, int, _Parsed]]:
+    """(1-based line number, byte offset, ``parse(line)``) of each non-blank line of ``path``;
+    a line that ``parse`` rejects is recorded in ``problems`` and skipped."""
+    with open(path, "rb") as handle:
+        for line_no, offset, raw in _lines(handle):
+            if _is_blank(raw):
+                continue
+            try:
+                parsed = parse(raw)
+            except _LineError as error:
+                problems.at(name, line_no, str(error))
+                continue
+            yield line_no, offset, parsed
+
+
 @dataclass
 class _CorpusScan:
     doc_index: dict[str, int]
@@ -502,29 +530,22 @@ def _scan_corpus(path: Path, kind: str, name: str, problems: _Problems) -> _Corp
     first_line = array("q")  # line number of each document, for duplicate messages
     offsets = array("q")
     empty_ids: list[str] = []
-    with open(path, "rb") as handle:
-        for line_no, offset, raw in _lines(handle):
-            if _is_blank(raw):
-                continue
-            try:
-                doc_id, title, text = _parse_doc(raw, kind)
-            except _LineError as error:
-                problems.at(name, line_no, str(error))
-                continue
-            seen = doc_index.get(doc_id)
-            if seen is not None:
-                problems.at(
-                    name,
-                    line_no,
-                    f"duplicate document id {_quote(doc_id)} (first seen on line "
-                    f"{first_line[seen]})",
-                )
-                continue
-            doc_index[doc_id] = len(offsets)
-            offsets.append(offset)
-            first_line.append(line_no)
-            if not title.strip() and not text.strip():
-                empty_ids.append(doc_id)
+    parse = functools.partial(_parse_doc, kind=kind)
+    for line_no, offset, (doc_id, title, text) in _parsed_lines(path, parse, name, problems):
+        seen = doc_index.get(doc_id)
+        if seen is not None:
+            problems.at(
+                name,
+                line_no,
+                f"duplicate document id {_quote(doc_id)} (first seen on line "
+                f"{first_line[seen]})",
+            )
+            continue
+        doc_index[doc_id] = len(offsets)
+        offsets.append(offset)
+        first_line.append(line_no)
+        if not title.strip() and not text.strip():
+            empty_ids.append(doc_id)
     if not offsets and not problems.count:
         problems.add(f"{name}: the corpus has no documents")
     return _CorpusScan(doc_index, offsets, empty_ids)
@@ -536,26 +557,19 @@ def _scan_queries(
     queries: dict[str, str] = {}
     first_line: dict[str, int] = {}
     empty_ids: list[str] = []
-    with open(path, "rb") as handle:
-        for line_no, _, raw in _lines(handle):
-            if _is_blank(raw):
-                continue
-            try:
-                qid, text = _parse_query(raw, kind)
-            except _LineError as error:
-                problems.at(name, line_no, str(error))
-                continue
-            if qid in first_line:
-                problems.at(
-                    name,
-                    line_no,
-                    f"duplicate query id {_quote(qid)} (first seen on line {first_line[qid]})",
-                )
-                continue
-            first_line[qid] = line_no
-            queries[qid] = text
-            if not text.strip():
-                empty_ids.append(qid)
+    parse = functools.partial(_parse_query, kind=kind)
+    for line_no, _, (qid, text) in _parsed_lines(path, parse, name, problems):
+        if qid in first_line:
+            problems.at(
+                name,
+                line_no,
+                f"duplicate query id {_quote(qid)} (first seen on line {first_line[qid]})",
+            )
+            continue
+        first_line[qid] = line_no
+        queries[qid] = text
+        if not text.strip():
+            empty_ids.append(qid)
     return queries, empty_ids
 
 
@@ -623,7 +637,7 @@ def _scan_qrels(
                     duplicates += 1
                 continue
             first_line[(qid, index)] = (line_no, rel)
-            if rel > 0:
+            if is_positive(rel):
                 qrels.setdefault(qid, {})[index] = rel
     if duplicates:
         noun = "judgement" if duplicates == 1 else "judgements"

@@ -2,8 +2,11 @@
 
 ``index.type`` picks the structure: ``flat`` (``IndexFlatIP``, exact, as in ANCE §5, so the
 mined negatives are the true top-K of the checkpoint), ``ivf``, ``ivfpq`` or ``hnsw``
-(approximate; their recall against flat is in docs/benchmarks/indexer.md). With
-``similarity: cosine`` vectors and queries are L2-normalised, so inner product is cosine.
+(approximate; their recall against flat is in docs/benchmarks/indexer.md). The indexer
+searches the embeddings of a checkpoint as they are: a ``similarity: cosine`` model already
+returns unit vectors (:meth:`BiEncoder.forward` normalises them, the one place that does), so
+inner product is cosine. ``AnnIndex(..., similarity="cosine")`` L2-normalises vectors and
+queries itself, for raw vectors that did not come from the model (benchmarks, tests).
 
 Memory stays bounded by the index: searches run in batches of ``index.search_batch_size``
 queries (FAISS itself scores a batch in blocks), exact candidate scores are computed a few
@@ -151,6 +154,14 @@ class AnnIndex:
             else:
                 self._train()
         assert self.index is not None
+        # Row ↔ document map, kept here rather than in FAISS's IndexIDMap2. IndexIDMap2 works
+        # (add_with_ids over flat/ivf/ivfpq/hnsw on the CPU gives the same ids and scores, and
+        # FAISS's cloner moves its sub-index to the GPU), but ``vectors`` needs the document →
+        # row direction, which IndexIDMap2 keeps in a std::unordered_map: ~52 bytes per
+        # document for its two maps (measured, faiss 1.15, 2M ids) against 8 here (24 when
+        # shards come out of order). On an ivfpq index of 768-d embeddings (112 bytes per
+        # document), the type chosen to save memory, that is ~40 % more, and
+        # capacity.index_bytes (ID_BYTES per document) would no longer predict it.
         self._row_to_doc = (np.concatenate(self._doc_ids) if self._doc_ids
                             else np.zeros(0, np.int64))
         self._doc_ids = []

@@ -227,7 +227,9 @@ class Indexer:
             cancel()
             ids, vectors = self._load_shard(step, ShardKind.CORPUS, shard)
             if index is None:
-                index = AnnIndex(vectors.shape[1], ctx.config.index, ctx.config.model.similarity,
+                # Inner product over the model's embeddings as they are: a cosine BiEncoder
+                # already returns unit vectors (normalised once, in the model).
+                index = AnnIndex(vectors.shape[1], ctx.config.index,
                                  expected_size=plan.num_docs)
             index.add(ids, vectors)
         assert index is not None

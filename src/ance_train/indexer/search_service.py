@@ -1,4 +1,9 @@
-"""``Retrieval.Search``: ad-hoc search over the latest index (query texts or embeddings)."""
+"""``Retrieval.Search``: ad-hoc search over the latest index (query texts or embeddings).
+
+Texts are encoded with the index's checkpoint; embeddings are searched as given (inner product
+with the stored document vectors), so for a cosine model they should be unit vectors, as the
+model's own are.
+"""
 
 from __future__ import annotations
 

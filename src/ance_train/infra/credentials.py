@@ -16,6 +16,8 @@ import os
 import re
 from collections.abc import Mapping
 
+from ance_train.infra.env import env_flag
+
 REDIS_PASSWORD_VAR = "ANCE_REDIS_PASSWORD"
 CLUSTER_MODE_VAR = "ANCE_CLUSTER_MODE"
 CLUSTER_REQUIRED_VARS = (REDIS_PASSWORD_VAR, "ANCE_S3_ENDPOINT", "ANCE_S3_ACCESS_KEY",
@@ -24,8 +26,6 @@ SECRET_VARS = (REDIS_PASSWORD_VAR, "ANCE_S3_ACCESS_KEY", "ANCE_S3_SECRET_KEY")
 REDACTED = "***"
 # scheme://user:password@host  or  scheme://:password@host  or  scheme://token@host
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 class CredentialsError(RuntimeError):
@@ -38,10 +38,8 @@ def redis_password(env: Mapping[str, str] = os.environ) -> str | None:
 
 
 def cluster_mode(env: Mapping[str, str] = os.environ) -> bool:
-    raw = env.get(CLUSTER_MODE_VAR, "").strip().lower()
-    if raw not in _TRUE | _FALSE:
-        raise CredentialsError(f"{CLUSTER_MODE_VAR} must be 0 or 1, got {raw!r}")
-    return raw in _TRUE
+    """Whether ``ANCE_CLUSTER_MODE`` is on (a boolean flag, see :func:`env_flag`)."""
+    return env_flag(CLUSTER_MODE_VAR, env, CredentialsError)
 
 
 def require_cluster_credentials(env: Mapping[str, str] = os.environ) -> None:

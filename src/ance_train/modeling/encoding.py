@@ -27,7 +27,6 @@ import copy
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from ance_train.modeling.model import BiEncoder
+from ance_train.modeling.precision import autocast_context
 
 Precision = Literal["auto", "fp32", "bf16", "int8"]
 # Texts tokenised per chunk when tokenising in the background: batches are planned within a
@@ -112,13 +112,6 @@ def prepare_model(model: BiEncoder, precision: Precision,
         return torch.ao.quantization.quantize_dynamic(converted, {torch.nn.Linear},
                                                       dtype=torch.qint8)
     raise ValueError(f"unknown precision {precision!r}: expected auto, fp32, bf16 or int8")
-
-
-def _autocast_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtype | None:
-    """The autocast dtype: ``dtype`` if given, else bf16 on CUDA where supported; fp32 = none."""
-    if dtype is None and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        dtype = torch.bfloat16
-    return None if dtype in (None, torch.float32) else dtype
 
 
 Batch = tuple[list[int], torch.Tensor, torch.Tensor]  # row indices into texts, ids, mask
@@ -212,7 +205,8 @@ def encode_texts(
     """Embed ``texts``; returns float32 ``[len(texts), model.dim]`` in the order of ``texts``.
 
     ``model`` must already be on ``device`` (and converted by :func:`prepare_model` for a
-    precision other than fp32). ``dtype`` is the autocast dtype (default: bf16 on CUDA, none
+    precision other than fp32). ``dtype`` is the autocast dtype (default: the ``auto`` policy of
+    :func:`~ance_train.modeling.precision.autocast_dtype`, bf16 on CUDA where supported, none
     elsewhere; pass ``torch.float32`` to disable it). ``background`` tokenises chunks of
     :data:`BACKGROUND_CHUNK` texts on a background thread while the model runs. ``progress``
     is called with the number of texts finished after every batch. The model's train/eval
@@ -226,10 +220,7 @@ def encode_texts(
                              chunk=BACKGROUND_CHUNK if background else None)
     if background:
         batches = in_background(batches)
-    autocast_dtype = _autocast_dtype(device, dtype)
-    autocast = (
-        torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else nullcontext()
-    )
+    autocast = autocast_context(dtype, device)
     pin = device.type == "cuda"
     was_training = model.training
     model.eval()

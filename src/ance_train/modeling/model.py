@@ -85,7 +85,8 @@ class BiEncoder(nn.Module):
         return model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Embeddings ``[batch, dim]`` (L2-normalised when the similarity is cosine)."""
+        """Embeddings ``[batch, dim]`` (L2-normalised, in float32, when the similarity is
+        cosine)."""
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         if self.pooling == "cls":
             pooled = hidden[:, 0]
@@ -95,7 +96,9 @@ class BiEncoder(nn.Module):
         if self.projection is not None:
             pooled = self.projection(pooled)
         if self.similarity == "cosine":
-            pooled = nn.functional.normalize(pooled, p=2, dim=-1)
+            # The one place embeddings are L2-normalised (the index takes them as they are),
+            # in float32 so that a bf16 model's rows are unit vectors too.
+            pooled = nn.functional.normalize(pooled.float(), p=2, dim=-1)
         return pooled
 
     def score(self, queries: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from ance_train.negatives.table import (
 
 
 def positives_of(dataset: DatasetIndex, query_ids: list[str]) -> list[set[int]]:
-    return [{doc for doc, rel in dataset.train[q].items() if rel > 0} for q in query_ids]
+    return [set(dataset.positives(q)) for q in query_ids]
 
 
 def ance_negatives(
@@ -165,9 +165,8 @@ def mine_dual(step: int, config: NegativesConfig, dataset: DatasetIndex, train_i
     (embedding space of the current checkpoint) that do not have it as a positive."""
     owners: dict[int, set[int]] = {}
     for row, qid in enumerate(train_ids):
-        for doc, rel in dataset.train[qid].items():
-            if rel > 0:
-                owners.setdefault(doc, set()).add(row)
+        for doc in dataset.positives(qid):
+            owners.setdefault(doc, set()).add(row)
     docs = sorted(owners)
     query_index = faiss.IndexFlatIP(train_queries.shape[1])
     query_index.add(np.ascontiguousarray(train_queries, dtype=np.float32))

@@ -30,9 +30,8 @@ class BatchBuilder:
 
     def __init__(self, dataset: DatasetIndex, batch_size: int, negatives_per_query: int,
                  in_batch_negatives: bool, seed: int) -> None:
-        self.positives = {qid: sorted(docs for docs, rel in rels.items() if rel > 0)
-                          for qid, rels in dataset.train.items()}
-        self.positives = {qid: docs for qid, docs in self.positives.items() if docs}
+        self.positives = {qid: docs for qid in dataset.train
+                          if (docs := dataset.positives(qid))}
         self.queries = dataset.queries
         self.order = sorted(self.positives)
         self.batch_size = min(batch_size, len(self.order))

@@ -15,7 +15,6 @@ back as they were at that step (:mod:`.training_state`); the checkpoint is not r
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import random
 import time
@@ -28,6 +27,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from ance_train.infra.bus import WorkQueue
 from ance_train.modeling.model import BiEncoder, load_tokenizer
+from ance_train.modeling.precision import autocast_context
 from ance_train.observability.telemetry import TrainerTelemetry
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
@@ -66,14 +66,6 @@ class TrainingRecord:
     def from_dict(cls, values: dict) -> TrainingRecord:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
-
-
-def autocast_context(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if mode == "off" or (mode == "auto" and device.type != "cuda"):
-        return contextlib.nullcontext()
-    if mode == "fp16":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 class Trainer:

@@ -1,0 +1,300 @@
+"""What every object store backend shares: the :class:`ObjectStore` interface and its derived
+operations (JSON, directories with a manifest, verified downloads), the errors, key and run-id
+validation, and the checksum helpers.
+
+Keys are *relative* to the run (``"checkpoints/100/config.json"``); a store prefixes
+``<run_id>/``.  :func:`validate_key` makes sure a key can never escape the run's prefix nor
+collide with a checksum sidecar (``*.sha256``) or a temp file.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from ance_train.infra.atomic import atomic_write
+
+MANIFEST_NAME = "MANIFEST.json"
+SIDECAR_SUFFIX = ".sha256"
+_TMP_MARKER = ".ance-tmp"
+_CHUNK = 1 << 20
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class StorageError(Exception):
+    """Base error of the object store."""
+
+
+class ObjectNotFound(StorageError):
+    """The object does not exist (or is not completely written yet)."""
+
+
+class CorruptObject(StorageError):
+    """The object's bytes do not match its recorded checksum (or it has none)."""
+
+
+class InvalidKey(StorageError, ValueError):
+    """The key (or run id) is malformed or would escape the run's prefix."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a valid run-relative key, else raise :class:`InvalidKey`.
+
+    Rejected: empty keys, absolute keys, backslashes, control characters, empty, ``.``
+    or ``..`` segments, names reserved for checksum sidecars (``*.sha256``) and temp files.
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"invalid key {key!r}: must be a non-empty string")
+    if key.startswith("/"):
+        raise InvalidKey(f"invalid key {key!r}: must be relative to the run")
+    if "\\" in key:
+        raise InvalidKey(f"invalid key {key!r}: backslashes are not allowed")
+    if any(ord(c) < 0x20 or c == "\x7f" for c in key):
+        raise InvalidKey(f"invalid key {key!r}: control characters are not allowed")
+    segments = key.split("/")
+    for seg in segments:
+        if seg in ("", ".", ".."):
+            raise InvalidKey(f"invalid key {key!r}: empty, '.' and '..' segments are not allowed")
+        if _TMP_MARKER in seg:
+            raise InvalidKey(f"invalid key {key!r}: {_TMP_MARKER!r} is reserved for temp files")
+    if segments[-1].endswith(SIDECAR_SUFFIX):
+        raise InvalidKey(f"invalid key {key!r}: the suffix {SIDECAR_SUFFIX!r} is reserved")
+    return key
+
+
+def _validate_prefix(prefix: str) -> str:
+    """Normalise a directory-like prefix: ``""`` (whole run) or a valid key, no trailing /."""
+    if not isinstance(prefix, str):
+        raise InvalidKey(f"invalid prefix {prefix!r}: must be a string")
+    if prefix.endswith("/"):
+        prefix = prefix[:-1]
+        if not prefix:
+            raise InvalidKey("invalid prefix '/': must be relative to the run")
+    return validate_key(prefix) if prefix else ""
+
+
+def _validate_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or run_id in (".", ".."):
+        raise InvalidKey(
+            f"invalid run id {run_id!r}: use letters, digits, '.', '_', '-', '=' "
+            "(at most 200 characters, not starting with a punctuation character)"
+        )
+    if _TMP_MARKER in run_id or run_id.endswith(SIDECAR_SUFFIX):
+        raise InvalidKey(f"invalid run id {run_id!r}: reserved name")
+    return run_id
+
+
+def _join(prefix: str, rel: str) -> str:
+    return f"{prefix}/{rel}" if prefix else rel
+
+
+def _copy_hashed(src: IO[bytes], dst: IO[bytes] | None = None) -> tuple[str, int]:
+    """Read ``src`` to its end in chunks (writing them to ``dst`` when given); return the
+    (sha256 hex, size) of what was read."""
+    h = hashlib.sha256()
+    size = 0
+    while chunk := src.read(_CHUNK):
+        h.update(chunk)
+        size += len(chunk)
+        if dst is not None:
+            dst.write(chunk)
+    return h.hexdigest(), size
+
+
+def _hash_file(path: Path) -> tuple[str, int]:
+    """Return (sha256 hex, size) of a local file."""
+    with open(path, "rb") as f:
+        return _copy_hashed(f)
+
+
+def _verify(key: str, expected: str | None, actual: str) -> None:
+    if expected is None or not _SHA_RE.match(expected.strip().lower()):
+        raise CorruptObject(f"object {key!r} has no valid sha256 checksum recorded")
+    if expected.strip().lower() != actual:
+        raise CorruptObject(
+            f"object {key!r} is corrupt: sha256 {actual} does not match recorded {expected}"
+        )
+
+
+def _fsync_dir(path: Path) -> None:
+    """Best-effort fsync of a directory so that renames inside it are durable."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------- base class
+
+
+class ObjectStore(abc.ABC):
+    """Object store bound to one run; all keys are relative to ``<run_id>/``."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = _validate_run_id(run_id)
+
+    @property
+    def run_id(self) -> str:
+        """The run this store is bound to."""
+        return self._run_id
+
+    def full_key(self, key: str) -> str:
+        """Validate ``key`` and return it with the run prefix (``<run_id>/<key>``)."""
+        return f"{self._run_id}/{validate_key(key)}"
+
+    # ---- backend primitives
+
+    @abc.abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> str:
+        """Store ``data`` under ``key`` (atomically, with its checksum); return its sha256."""
+
+    @abc.abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """Return the object's bytes after verifying its sha256 (CorruptObject on mismatch)."""
+
+    @abc.abstractmethod
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> str:
+        """Upload a local file under ``key``; return its sha256."""
+
+    @abc.abstractmethod
+    def _download_to(self, key: str, f: IO[bytes]) -> str:
+        """Write the object into ``f`` (from its start), verify it, return its sha256."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether a completely written object exists under ``key``."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted run-relative keys of all objects under the directory-like ``prefix``.
+
+        ``prefix`` is a key path (``"checkpoints/100"`` lists ``checkpoints/100/...`` but
+        not ``checkpoints/1000/...``); ``""`` lists the whole run.
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete the object (no error if it does not exist)."""
+
+    # ---- derived operations
+
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> str:
+        """Download the object to ``path`` (temp file + ``os.replace``); return its sha256.
+
+        ``path`` is only replaced once the checksum has been verified.
+        """
+        return self._get_file_checked(key, Path(path), None)
+
+    def _get_file_checked(self, key: str, path: Path, expected: str | None) -> str:
+        validate_key(key)
+
+        def download(f: IO[bytes]) -> str:
+            sha = self._download_to(key, f)
+            if expected is not None and sha != expected:
+                raise CorruptObject(
+                    f"object {key!r} has sha256 {sha} but the manifest records {expected}"
+                )
+            return sha
+
+        return atomic_write(path, download, suffix=_TMP_MARKER)
+
+    def put_json(self, key: str, obj: Any) -> str:
+        """Store ``obj`` as UTF-8 JSON; return its sha256."""
+        data = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False).encode("utf-8")
+        return self.put_bytes(key, data)
+
+    def get_json(self, key: str) -> Any:
+        """Load a JSON object (checksum verified; undecodable JSON → CorruptObject)."""
+        data = self.get_bytes(key)
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptObject(f"object {key!r} is not valid JSON: {e}") from e
+
+    def put_dir(self, prefix: str, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Upload every file under ``directory`` (recursively) to ``<prefix>/<relative path>``.
+
+        ``<prefix>/MANIFEST.json`` (``{"version": 1, "files": {rel: {"sha256", "size"}}}``)
+        is deleted first and written last, so a reader never sees a half-uploaded
+        directory as complete.  Returns the manifest.
+        """
+        prefix = _validate_prefix(prefix)
+        root = Path(directory)
+        if not root.is_dir():
+            raise StorageError(f"put_dir: {str(root)!r} is not a directory")
+        rels: list[tuple[str, Path]] = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in filenames:
+                p = Path(dirpath, name)
+                if not p.is_file():
+                    continue
+                rel = p.relative_to(root).as_posix()
+                validate_key(rel)
+                if rel == MANIFEST_NAME:
+                    raise StorageError(
+                        f"put_dir: {str(root)!r} contains {MANIFEST_NAME}, a reserved name"
+                    )
+                rels.append((rel, p))
+        rels.sort()
+        manifest_key = _join(prefix, MANIFEST_NAME)
+        self.delete(manifest_key)
+        files: dict[str, dict[str, Any]] = {}
+        for rel, p in rels:
+            sha = self.put_file(_join(prefix, rel), p)
+            files[rel] = {"sha256": sha, "size": p.stat().st_size}
+        manifest = {"version": 1, "files": files}
+        self.put_json(manifest_key, manifest)
+        return manifest
+
+    def get_dir(self, prefix: str, directory: str | os.PathLike[str],
+                skip: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """Download a directory written by :meth:`put_dir` into ``directory``.
+
+        Requires ``<prefix>/MANIFEST.json`` (ObjectNotFound otherwise); every file is
+        verified against its own checksum and against the manifest.  Files whose relative
+        path ``skip`` accepts are not downloaded (an inferencer needs no optimizer state).
+        Returns the manifest.
+        """
+        prefix = _validate_prefix(prefix)
+        manifest_key = _join(prefix, MANIFEST_NAME)
+        manifest = self.get_json(manifest_key)
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict):
+            raise CorruptObject(f"manifest {manifest_key!r} has no 'files' mapping")
+        dest = Path(directory)
+        dest.mkdir(parents=True, exist_ok=True)
+        for rel, info in sorted(files.items()):
+            try:
+                validate_key(rel)
+            except InvalidKey as e:
+                raise CorruptObject(f"manifest {manifest_key!r} lists a bad path: {e}") from e
+            if (
+                not isinstance(info, dict)
+                or not isinstance(info.get("sha256"), str)
+                or not isinstance(info.get("size"), int)
+            ):
+                raise CorruptObject(f"manifest {manifest_key!r} has a bad entry for {rel!r}")
+            if skip is not None and skip(rel):
+                continue
+            target = dest / rel
+            self._get_file_checked(_join(prefix, rel), target, info["sha256"])
+            if target.stat().st_size != info["size"]:
+                raise CorruptObject(
+                    f"object {_join(prefix, rel)!r} has size {target.stat().st_size} "
+                    f"but the manifest records {info['size']}"
+                )
+        return manifest

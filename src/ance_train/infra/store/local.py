@@ -1,0 +1,147 @@
+"""The local-directory backend (embedded mode): objects as files with a sha256 sidecar."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+from ance_train.infra.atomic import atomic_write
+from ance_train.infra.store.base import (
+    _TMP_MARKER,
+    SIDECAR_SUFFIX,
+    ObjectNotFound,
+    ObjectStore,
+    StorageError,
+    _copy_hashed,
+    _fsync_dir,
+    _validate_prefix,
+    _verify,
+    validate_key,
+)
+
+
+class LocalStore(ObjectStore):
+    """Objects as files under ``root/<run_id>/<key>`` with a ``<key>.sha256`` sidecar.
+
+    The sidecar is written after the data (both via temp file + fsync + ``os.replace``);
+    a data file without a sidecar is an incomplete write and is treated as absent.
+    """
+
+    def __init__(self, run_id: str, root: str | os.PathLike[str]) -> None:
+        super().__init__(run_id)
+        self._root = Path(root).absolute()
+        self._run_dir = self._root / self._run_id
+
+    @property
+    def root(self) -> Path:
+        """The store's root directory (shared by all runs)."""
+        return self._root
+
+    def __repr__(self) -> str:
+        return f"LocalStore(run_id={self._run_id!r}, root={str(self._root)!r})"
+
+    def _path(self, key: str) -> Path:
+        return self._run_dir / validate_key(key)
+
+    @staticmethod
+    def _sidecar(path: Path) -> Path:
+        return path.with_name(path.name + SIDECAR_SUFFIX)
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str) -> Iterator[None]:
+        try:
+            yield
+        except StorageError:
+            raise
+        except FileNotFoundError as e:
+            raise ObjectNotFound(f"object {key!r} not found in run {self._run_id!r}") from e
+        except OSError as e:
+            raise StorageError(f"{op} {key!r} failed: {e}") from e
+
+    def _commit(self, key: str, write_data: Callable[[IO[bytes]], str]) -> str:
+        """The one way an object is written: ``write_data`` writes the bytes into a temp file
+        and returns their sha256; the file replaces the data, then the sidecar is written."""
+        path = self._path(key)
+        sidecar = self._sidecar(path)
+        with self._errors("put", key):
+            # Drop the old checksum first: while the data is replaced the object is absent.
+            sidecar.unlink(missing_ok=True)
+            sha = atomic_write(path, write_data, suffix=_TMP_MARKER)
+            atomic_write(sidecar, lambda f: f.write(sha.encode("ascii") + b"\n"),
+                         suffix=_TMP_MARKER)
+            _fsync_dir(path.parent)
+        return sha
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        """Store ``data`` under ``key``; return its sha256."""
+        data = bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+
+        def write(f: IO[bytes]) -> str:
+            f.write(data)
+            return sha
+
+        return self._commit(key, write)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> str:
+        """Copy a local file into the store (hashing while copying); return its sha256."""
+        validate_key(key)
+        with open(path, "rb") as src:
+            return self._commit(key, lambda f: _copy_hashed(src, f)[0])
+
+    def _read_sidecar(self, key: str, path: Path) -> str:
+        with self._errors("get", key):
+            text = self._sidecar(path).read_text(encoding="ascii", errors="replace").strip()
+        return text
+
+    def get_bytes(self, key: str) -> bytes:
+        """Return the object's bytes (sha256 verified)."""
+        path = self._path(key)
+        expected = self._read_sidecar(key, path)
+        with self._errors("get", key):
+            data = path.read_bytes()
+        _verify(key, expected, hashlib.sha256(data).hexdigest())
+        return data
+
+    def _download_to(self, key: str, f: IO[bytes]) -> str:
+        path = self._path(key)
+        expected = self._read_sidecar(key, path)
+        with self._errors("get", key), open(path, "rb") as src:
+            sha, _ = _copy_hashed(src, f)
+        _verify(key, expected, sha)
+        return sha
+
+    def exists(self, key: str) -> bool:
+        """Whether the object and its checksum sidecar both exist."""
+        path = self._path(key)
+        return path.is_file() and self._sidecar(path).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted keys under ``prefix`` (sidecars, temp files and incomplete objects skipped)."""
+        prefix = _validate_prefix(prefix)
+        base = self._run_dir / prefix if prefix else self._run_dir
+        if not base.is_dir():
+            return []
+        keys: list[str] = []
+        for dirpath, _dirnames, filenames in os.walk(base):
+            names = set(filenames)
+            for name in filenames:
+                if name.endswith(SIDECAR_SUFFIX) or _TMP_MARKER in name:
+                    continue
+                if name + SIDECAR_SUFFIX not in names:
+                    continue  # incomplete write
+                rel = Path(dirpath, name).relative_to(self._run_dir).as_posix()
+                keys.append(rel)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        """Remove the sidecar (the object disappears), then the data file."""
+        path = self._path(key)
+        with self._errors("delete", key):
+            self._sidecar(path).unlink(missing_ok=True)
+            if path.is_file() or path.is_symlink():
+                path.unlink(missing_ok=True)
