@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 
 E = TypeVar("E", bound=Event)
+M = TypeVar("M", bound=Message)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ class EventBus:
         received = []
         for entry_id, fields in entries:
             try:
-                received.append(Received(entry_id, self._decode(event_type, fields)))
+                received.append(Received(entry_id, self.decode(event_type, fields)))
             except MalformedMessage as error:
                 self.dead_letter(stream, entry_id, fields, error)
                 self.client.xack(stream, group, entry_id)
@@ -177,12 +178,13 @@ class EventBus:
         first read it, so observers only log and skip it."""
         for entry_id, fields in entries:
             try:
-                yield Received(entry_id, self._decode(event_type, fields))
+                yield Received(entry_id, self.decode(event_type, fields))
             except MalformedMessage as error:
                 log.warning("skipping malformed entry %s of %s: %s", entry_id,
                             self.stream(event_type), error)
 
-    def _decode(self, message_type: type[Any], fields: dict) -> Any:
+    def decode(self, message_type: type[M], fields: dict) -> M:
+        """The message of a stream entry of this run; :class:`MalformedMessage` otherwise."""
         if "data" not in fields:
             raise MalformedMessage(f"not a valid {message_type.TYPE} message: no data field")
         message = message_type.decode(fields["data"])
@@ -259,7 +261,7 @@ class WorkQueue:
                 return None
             entry_id, fields, attempt = claimed
             try:
-                work = self.bus._decode(ShardWork, fields)
+                work = self.bus.decode(ShardWork, fields)
                 return WorkItem(**work.model_dump(), entry_id=entry_id, attempt=attempt)
             except MalformedMessage as error:
                 self.bus.dead_letter(self.stream, entry_id, fields, error)
