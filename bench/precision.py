@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from ance_train.config import DataConfig, ModelConfig, default_model_path
-from ance_train.data.dataset import open_corpus, validate_dataset
+from ance_train.data.corpus import open_corpus
+from ance_train.data.validation import validate_dataset
 from ance_train.evaluation import evaluate
 from ance_train.modeling.encoding import encode_texts, prepare_model
 from ance_train.modeling.model import BiEncoder, load_tokenizer

@@ -239,7 +239,8 @@ def bm25_runs(data: Path) -> tuple[dict, dict]:
     import bm25s
 
     from ance_train.config import DataConfig
-    from ance_train.data.dataset import open_corpus, validate_dataset
+    from ance_train.data.corpus import open_corpus
+    from ance_train.data.validation import validate_dataset
 
     method_data = yaml.safe_load((METHODS_DIR / "ance.yaml").read_text())["data"]
     cfg = DataConfig(**{**method_data, "path": str(data.resolve())})

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from ance_train.config import load_config
-from ance_train.data.dataset import validate_dataset
+from ance_train.data.validation import validate_dataset
 from ance_train.infra.store import LocalStore, ObjectStore, S3Store
 from ance_train.runtime import publish_dataset
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from ance_train.config import DataConfig
-from ance_train.data.dataset import open_corpus, validate_dataset
+from ance_train.data.corpus import open_corpus
+from ance_train.data.validation import validate_dataset
 from ance_train.index.ann import AnnIndex
 from ance_train.indexer.search_service import MAX_K, MAX_QUERIES, SearchService, ServedIndex
 from ance_train.infra.rpc import MAX_MESSAGE_BYTES, GrpcServer, ServiceState, search

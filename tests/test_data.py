@@ -1,4 +1,4 @@
-"""Tests of the dataset readers and validation (src/ance_train/data/dataset.py)."""
+"""Tests of the dataset readers and validation (src/ance_train/data/)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,11 @@ import numpy as np
 import pytest
 
 from ance_train.config import DataConfig
-from ance_train.data.dataset import (
-    MAX_ERRORS,
-    Corpus,
-    DataError,
-    DatasetFiles,
-    DatasetIndex,
-    doc_text,
-    is_positive,
-    load_dataset_index,
-    open_corpus,
-    shard_ranges,
-    validate_dataset,
-)
+from ance_train.data.corpus import Corpus, open_corpus, shard_ranges
+from ance_train.data.dataset import DatasetIndex, is_positive, load_dataset_index
+from ance_train.data.formats import DatasetFiles, doc_text
+from ance_train.data.problems import MAX_ERRORS, DataError
+from ance_train.data.validation import validate_dataset
 
 from helpers import scifact_dir
 
@@ -454,7 +446,7 @@ def test_empty_documents_are_accepted_with_warning(
         _doc("t-only", "", title="Just a title"),
     ]
     root = make_beir(tmp_path / "data", corpus=corpus, train=[*_train_lines(), "q4\te2\t1"])
-    with caplog.at_level(logging.WARNING, logger="ance_train.data.dataset"):
+    with caplog.at_level(logging.WARNING, logger="ance_train.data.validation"):
         index = validate_dataset(cfg_for(root, dev_fraction=0.0), tmp_path / "cache")
     assert index.empty_doc_count == 3
     expected = 'corpus.jsonl: 3 documents have empty text: "e1", "e2", "e3"'

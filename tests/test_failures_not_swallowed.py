@@ -18,7 +18,8 @@ import pytest
 import redis
 
 from ance_train.config import load_config
-from ance_train.data.dataset import open_corpus, validate_dataset
+from ance_train.data.corpus import open_corpus
+from ance_train.data.validation import validate_dataset
 from ance_train.indexer.indexer import Indexer
 from ance_train.infra.bus import Received
 from ance_train.infra.store import LocalStore

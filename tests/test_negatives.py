@@ -11,7 +11,10 @@ import pytest
 from scipy import stats
 
 from ance_train.config import DataConfig
-from ance_train.data.dataset import Corpus, DatasetFiles, DatasetIndex, validate_dataset
+from ance_train.data.corpus import Corpus
+from ance_train.data.dataset import DatasetIndex
+from ance_train.data.formats import DatasetFiles
+from ance_train.data.validation import validate_dataset
 from ance_train.negatives.mining import ance_negatives, bm25_negatives
 from ance_train.negatives.table import (
     PAD,

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ance_train.data.dataset import validate_dataset
+from ance_train.data.validation import validate_dataset
 from ance_train.infra.bus import EventBus, connect
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.protocol.keys import DATASET_INDEX as DATASET_INDEX_KEY

@@ -97,7 +97,8 @@ def test_killed_replica_item_is_reclaimed_and_finished(tmp_path: Path, redis_ser
 
 
 def validate_ids(harness: Harness) -> list[str]:
-    from ance_train.data.dataset import Corpus, DatasetFiles
+    from ance_train.data.corpus import Corpus
+    from ance_train.data.formats import DatasetFiles
 
     corpus = Corpus(DatasetFiles.resolve(harness.config.data), harness.root / "cache" /
                     "doc_offsets.npy", harness.config.data.format)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ance_train.config import DataConfig
-from ance_train.data.dataset import validate_dataset
+from ance_train.data.validation import validate_dataset
 
 from support.synthetic import clustered_vectors, queries_near, write_beir
 

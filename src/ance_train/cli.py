@@ -91,7 +91,7 @@ def run(
     max_minutes: Annotated[float | None, typer.Option(help="Abort after this long.")] = None,
 ) -> None:
     """Run trainer, inferencers and indexer as local processes (the embedded mode)."""
-    from ance_train.data.dataset import DataError
+    from ance_train.data.problems import DataError
     from ance_train.launcher.embedded import EmbeddedRun, RunAborted
     from ance_train.modeling.model import ModelLoadError
 
@@ -164,7 +164,7 @@ def prepare(
     step; running it again is harmless)."""
     import tempfile
 
-    from ance_train.data.dataset import DataError
+    from ance_train.data.problems import DataError
     from ance_train.infra.store import StorageError, store_from_env
     from ance_train.runtime import prepare_dataset
 
@@ -194,7 +194,8 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")]) -> None:
     """Validate the configuration and the dataset, then print what was found."""
     import tempfile
 
-    from ance_train.data.dataset import DataError, validate_dataset
+    from ance_train.data.problems import DataError
+    from ance_train.data.validation import validate_dataset
     from ance_train.modeling.model import ModelLoadError, check_encoder
 
     cfg = _load(config)

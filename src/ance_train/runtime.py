@@ -21,13 +21,9 @@ import grpc
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_exponential
 
 from ance_train.config import RunConfig, load_config
-from ance_train.data.dataset import (
-    Corpus,
-    DatasetIndex,
-    load_dataset_index,
-    open_corpus,
-    validate_dataset,
-)
+from ance_train.data.corpus import Corpus, open_corpus
+from ance_train.data.dataset import DatasetIndex, load_dataset_index
+from ance_train.data.validation import validate_dataset
 from ance_train.infra import bus
 from ance_train.infra.credentials import RedactingFormatter, cluster_mode, redact_url
 from ance_train.infra.rpc import GrpcServer, ServiceState

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from ance_train.data.dataset import Corpus
+from ance_train.data.corpus import Corpus
 from ance_train.index.ann import AnnIndex
 from ance_train.infra.proto import ance_pb2, ance_pb2_grpc
 from ance_train.modeling.checkpoint_cache import ModelCache

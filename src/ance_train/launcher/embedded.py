@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ance_train.config import RunConfig, dump_config
-from ance_train.data.dataset import validate_dataset
+from ance_train.data.validation import validate_dataset
 from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.credentials import redis_password
 from ance_train.infra.rpc import fetch_status

@@ -13,7 +13,8 @@ import faiss
 import numpy as np
 
 from ance_train.config import NegativesConfig
-from ance_train.data.dataset import Corpus, DatasetIndex
+from ance_train.data.corpus import Corpus
+from ance_train.data.dataset import DatasetIndex
 from ance_train.index.ann import AnnIndex
 from ance_train.negatives.strategies import (
     align_rows,

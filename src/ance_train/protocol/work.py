@@ -62,7 +62,7 @@ class RefreshPlan(BaseModel):
 
     @classmethod
     def for_run(cls, step: int, config: RunConfig, dataset: DatasetIndex) -> RefreshPlan:
-        from ance_train.data.dataset import shard_ranges
+        from ance_train.data.corpus import shard_ranges
 
         return cls(
             step=step,

@@ -1,0 +1,170 @@
+"""Random access to the corpus without loading it: :class:`Corpus` seeks to a document through
+the byte offset of its line (``doc_offsets.npy``, a memory map), and :func:`shard_ranges` cuts
+the corpus into work items."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from ance_train.config import DataConfig
+from ance_train.data.formats import (
+    DatasetFiles,
+    LineError,
+    doc_text,
+    is_blank,
+    parse_doc,
+    text_kind,
+)
+from ance_train.data.problems import DataError
+from ance_train.protocol.keys import DOC_OFFSETS_FILE
+
+
+class Corpus:
+    """Random access to the documents of a validated corpus file.
+
+    Holds an open binary file handle and a read-only memory map of the offsets, so it is
+    cheap to open in every process and its memory does not grow with the corpus. Pickling
+    drops the handles; they are reopened on first use.
+    """
+
+    def __init__(self, files: DatasetFiles, offsets_path: Path, fmt: str) -> None:
+        self.path = Path(files.corpus)
+        self.offsets_path = Path(offsets_path)
+        self.fmt = fmt
+        self.kind = text_kind(self.path, fmt)
+        self._offsets: np.ndarray | None = None
+        self._handle: IO[bytes] | None = None
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            offsets = np.load(self.offsets_path, mmap_mode="r")
+        except (OSError, ValueError) as error:
+            raise DataError(f"cannot read document offsets {self.offsets_path}: {error}") from None
+        if offsets.ndim != 1 or offsets.dtype != np.int64:
+            raise DataError(f"{self.offsets_path}: expected a 1-d int64 array of offsets")
+        size = self.path.stat().st_size
+        if len(offsets) and int(offsets[-1]) >= size:
+            raise DataError(
+                f"{self.offsets_path} does not match {self.path} (the corpus file changed "
+                "since validation; validate the dataset again)"
+            )
+        self._offsets = offsets
+        self._handle = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+
+    @property
+    def offsets(self) -> np.ndarray:
+        if self._offsets is None:
+            self._open()
+        assert self._offsets is not None
+        return self._offsets
+
+    @property
+    def _file(self) -> IO[bytes]:
+        if self._handle is None:
+            self._open()
+        assert self._handle is not None
+        return self._handle
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_offsets"] = None
+        state["_handle"] = None
+        return state
+
+    def close(self) -> None:
+        """Close the file handle and drop the memory map."""
+        if self._handle is not None:
+            self._handle.close()
+        self._handle = None
+        self._offsets = None
+
+    def __enter__(self) -> Corpus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self, i: int) -> int:
+        n = len(self)
+        index = int(i)
+        if not 0 <= index < n:
+            raise IndexError(f"document index {i} out of range (corpus has {n} documents)")
+        return index
+
+    def _doc_at(self, index: int) -> tuple[str, str, str]:
+        handle = self._file
+        handle.seek(int(self.offsets[index]))
+        raw = handle.readline()
+        try:
+            return parse_doc(raw, self.kind)
+        except LineError as error:
+            raise DataError(
+                f"{self.path} (document {index}): {error}; the corpus file changed since validation"
+            ) from None
+
+    def doc_id(self, i: int) -> str:
+        """The id of document ``i`` (its position in the corpus file)."""
+        return self._doc_at(self._check(i))[0]
+
+    def text(self, i: int) -> str:
+        """The text to encode for document ``i`` (see :func:`doc_text`)."""
+        _, title, text = self._doc_at(self._check(i))
+        return doc_text(title, text)
+
+    def texts(self, indices: Sequence[int]) -> list[str]:
+        """Texts of ``indices``, in the given order (read in file order to limit seeking)."""
+        checked = [self._check(i) for i in indices]
+        result: list[str] = [""] * len(checked)
+        for position in sorted(range(len(checked)), key=checked.__getitem__):
+            _, title, text = self._doc_at(checked[position])
+            result[position] = doc_text(title, text)
+        return result
+
+    def iter_range(self, start: int, stop: int) -> Iterator[tuple[str, str]]:
+        """(doc id, text) of documents ``start`` to ``stop - 1``, read sequentially."""
+        n = len(self)
+        stop = min(stop, n)
+        if start < 0 or start > n:
+            raise IndexError(f"start {start} out of range (corpus has {n} documents)")
+        if start >= stop:
+            return
+        position = int(self.offsets[start])
+        index = start
+        while index < stop:
+            # Seek every time: the handle is shared with text()/texts() between yields.
+            handle = self._file
+            handle.seek(position)
+            raw = handle.readline()
+            position += len(raw)
+            if not raw:
+                raise DataError(f"{self.path}: ended before document {index}; validate again")
+            if is_blank(raw):
+                continue
+            try:
+                doc_id, title, text = parse_doc(raw, self.kind)
+            except LineError as error:
+                raise DataError(f"{self.path} (document {index}): {error}") from None
+            yield doc_id, doc_text(title, text)
+            index += 1
+
+
+def shard_ranges(num_items: int, shard_size: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` ranges of at most ``shard_size`` items covering all."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be at least 1, got {shard_size}")
+    if num_items < 0:
+        raise ValueError(f"num_items must not be negative, got {num_items}")
+    return [(s, min(s + shard_size, num_items)) for s in range(0, num_items, shard_size)]
+
+
+def open_corpus(cfg: DataConfig, cache_dir: str | Path) -> Corpus:
+    """A :class:`Corpus` over the validated dataset of ``cfg`` (offsets from ``cache_dir``)."""
+    return Corpus(DatasetFiles.resolve(cfg), Path(cache_dir) / DOC_OFFSETS_FILE, cfg.format)
