@@ -14,7 +14,7 @@ import pytest
 from ance_train.config import load_config
 from ance_train.data.dataset import load_dataset_index
 from ance_train.infra.store import LocalStore
-from ance_train.negatives.strategies import simans_probabilities
+from ance_train.negatives.strategies.simans import simans_probabilities
 from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable
 
 from helpers import write_config

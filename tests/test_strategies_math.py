@@ -22,14 +22,12 @@ from ance_train.config import NegativesConfig
 from ance_train.data.dataset import DatasetIndex
 from ance_train.index.ann import AnnIndex
 from ance_train.indexer.diagnostics import Diagnostics, reciprocal_ranks
-from ance_train.negatives.mining import Miner, mine_dual
-from ance_train.negatives.strategies import (
-    drop_near_positive,
-    dual_query_negatives,
-    first_seen,
-    mix_rows,
-    simans_probabilities,
-)
+from ance_train.negatives.mining import Miner, drop_near_positive, first_seen
+from ance_train.negatives.strategies.bm25_random import MixedNegatives
+from ance_train.negatives.strategies.dance import dual_query_negatives, mine_dual
+from ance_train.negatives.strategies.random import RandomNegatives
+from ance_train.negatives.strategies.simans import simans_probabilities
+from ance_train.negatives.strategies.tele import mix_rows
 from ance_train.negatives.table import (
     PAD,
     SOURCE_CODE,
@@ -39,7 +37,7 @@ from ance_train.negatives.table import (
 )
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.loss import contrastive_nll, layer_grad_norms
-from ance_train.trainer.negative_sources import MixedNegatives, NegativesPicker, RandomNegatives
+from ance_train.trainer.negative_sources import NegativesPicker
 
 ANN, BM25, MOMENTUM, LOOKAHEAD = (SOURCE_CODE[name] for name in
                                   ("ann", "bm25", "momentum", "lookahead"))

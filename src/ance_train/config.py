@@ -8,10 +8,26 @@ message that names the field, before any service starts work.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+if TYPE_CHECKING:
+    from ance_train.negatives.strategies.base import (
+        LossStrategy,
+        NegativeStrategy,
+        PoolStrategy,
+        SamplingStrategy,
+    )
 
 
 class ConfigError(ValueError):
@@ -81,6 +97,22 @@ class TrainingConfig(_Strict):
     torch_threads: int | None = Field(None, ge=1)
 
 
+def _registry() -> ModuleType:
+    """The negative-strategy registry, imported on first use: the strategy modules import
+    modules that import this one."""
+    from ance_train.negatives.strategies import registry
+
+    return registry
+
+
+def _registered(name: str, role: Literal["pool", "sampling"]) -> str:
+    try:
+        _registry().lookup(name, role)
+    except KeyError as error:
+        raise ValueError(error.args[0]) from None
+    return name
+
+
 class NegativesConfig(_Strict):
     """Where hard negatives come from and how they are drawn (see docs/strategies.md).
 
@@ -93,8 +125,8 @@ class NegativesConfig(_Strict):
     first, so X starts from the DPR-style model (ANCE warms up from DPR in OpenQA, §5).
     """
 
-    pool: Literal["in_batch", "random", "bm25", "bm25_random", "ann", "tele"] = "ann"
-    sampling: Literal["uniform", "simans"] = "uniform"
+    pool: str = Field("ann", description="A registered pool strategy.")
+    sampling: str = Field("uniform", description="A registered sampling strategy.")
     per_query: int = Field(1, ge=0, description="ANCE §5: one negative per positive.")
     warmup: Literal["none", "bm25", "bm25_random"] = "bm25"
     warmup_steps: int = Field(
@@ -136,14 +168,41 @@ class NegativesConfig(_Strict):
     grad_norm_every: int = Field(
         10, ge=0, description="Log bottom/middle/top layer gradient norms every N steps (0: off).")
 
+    @field_validator("pool")
+    @classmethod
+    def _registered_pool(cls, value: str) -> str:
+        return _registered(value, "pool")
+
+    @field_validator("sampling")
+    @classmethod
+    def _registered_sampling(cls, value: str) -> str:
+        return _registered(value, "sampling")
+
+    def strategy(self, name: str) -> NegativeStrategy:
+        """The registered strategy ``name``, bound to this configuration."""
+        return _registry().STRATEGIES[name](self)
+
+    @property
+    def pool_strategy(self) -> PoolStrategy:
+        return self.strategy(self.pool)  # type: ignore[return-value]
+
+    @property
+    def sampling_strategy(self) -> SamplingStrategy:
+        return self.strategy(self.sampling)  # type: ignore[return-value]
+
+    @property
+    def loss_strategies(self) -> list[LossStrategy]:
+        """Every registered loss strategy (each says whether it is ``enabled``)."""
+        return [self.strategy(name) for name in _registry().names("loss")]  # type: ignore[misc]
+
     @property
     def mines_ann(self) -> bool:
-        return self.pool in ("ann", "tele")
+        return self.pool_strategy.mines_ann
 
     @property
     def uses_bm25(self) -> bool:
         warms_up = self.warmup != "none" and (self.mines_ann or self.warmup_steps > 0)
-        return self.pool in ("bm25", "bm25_random") or warms_up
+        return self.pool_strategy.uses_bm25 or warms_up
 
 
 class InferenceConfig(_Strict):
@@ -272,35 +331,35 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
         neg = self.negatives
-        if neg.mines_ann and neg.per_query > neg.top_k:
-            raise ValueError(f"negatives.per_query ({neg.per_query}) must not exceed "
-                             f"negatives.top_k ({neg.top_k})")
-        hard = neg.pool != "in_batch" and neg.per_query > 0
+        pool = neg.pool_strategy
+        pool.check(self)
+        hard = pool.hard_negatives and neg.per_query > 0
         if not self.training.in_batch_negatives and not hard:
             raise ValueError("negatives.pool gives no hard negatives and "
                              "training.in_batch_negatives is false: the loss would have none")
-        if neg.sampling == "simans" and not neg.mines_ann:
-            raise ValueError(f"negatives.sampling simans needs dense scores: use it with pool "
-                             f"ann or tele, not {neg.pool}")
+        neg.sampling_strategy.check(self)
         if neg.warmup_steps and neg.warmup == "none":
             raise ValueError("negatives.warmup_steps is set but negatives.warmup is none")
-        if neg.warmup_steps and neg.pool == "bm25":
-            raise ValueError("negatives.warmup_steps: pool bm25 is BM25 throughout; a BM25 "
-                             "warm-up goes before another pool (BM25 → X)")
         if neg.warmup_steps and neg.per_query == 0:
             raise ValueError("negatives.warmup_steps needs negatives.per_query > 0")
-        if neg.remine_fraction < 1.0 and neg.pool != "ann":
-            raise ValueError("negatives.remine_fraction applies to pool ann only")
-        if neg.max_positive_ratio is not None and not neg.mines_ann:
+        if neg.remine_fraction < 1.0 and not pool.remines:
+            raise ValueError(f"negatives.remine_fraction applies to pool "
+                             f"{_pools_with('remines', neg)} only")
+        if neg.max_positive_ratio is not None and not pool.mines_ann:
             raise ValueError(f"negatives.max_positive_ratio filters ANN candidates: use it with "
-                             f"pool ann or tele, not {neg.pool}")
-        if neg.dual_weight > 0 and self.model.similarity != "cosine":
-            raise ValueError("negatives.dual_weight (DANCE) is defined on L2-normalised "
-                             "embeddings: set model.similarity to cosine")
+                             f"pool {_pools_with('mines_ann', neg)}, not {neg.pool}")
+        for loss in neg.loss_strategies:
+            loss.check(self)
         if neg.warmup_steps >= self.training.steps:
             raise ValueError(f"negatives.warmup_steps ({neg.warmup_steps}) must be below "
                              f"training.steps ({self.training.steps})")
         return self
+
+
+def _pools_with(flag: str, negatives: NegativesConfig) -> str:
+    """The registered pools with a class flag set, as "a or b" (for messages)."""
+    return " or ".join(name for name in _registry().names("pool")
+                       if getattr(negatives.strategy(name), flag))
 
 
 def _describe(error: ValidationError, source: str) -> str:
