@@ -47,11 +47,11 @@ def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
     assert cfg.negatives.pool == "ann" and cfg.negatives.sampling == "uniform"
     assert cfg.inference.replicas == 2
     assert cfg.negatives.top_k == 200
-    assert cfg.negatives.bm25_top_k == 100
+    assert cfg.negatives.bm25.top_k == 100
     # Paper defaults: SimANS a=0.5, b=0, k=100; ANCE-Tele α=β=0.5; DANCE λ=0.1 when enabled.
-    assert (cfg.negatives.simans_a, cfg.negatives.simans_b) == (0.5, 0.0)
-    assert cfg.negatives.simans_top_k == 100
-    assert cfg.negatives.tele_momentum_weight == cfg.negatives.tele_lookahead_weight == 0.5
+    assert (cfg.negatives.simans.a, cfg.negatives.simans.b) == (0.5, 0.0)
+    assert cfg.negatives.simans.top_k == 100
+    assert cfg.negatives.tele.momentum_weight == cfg.negatives.tele.lookahead_weight == 0.5
     assert cfg.index.eval_splits == ["dev", "test"]
     assert cfg.services.trainer_port == 0
 
@@ -85,7 +85,7 @@ def test_unknown_top_level_field_is_named(tmp_path: Path) -> None:
         ({"negatives": {"pool": "bm25", "max_positive_ratio": 0.95}},
          "negatives.max_positive_ratio"),
         ({"negatives": {"max_positive_ratio": 0}}, "negatives.max_positive_ratio"),
-        ({"negatives": {"dual_weight": 0.1}}, "negatives.dual_weight"),
+        ({"negatives": {"dance": {"dual_weight": 0.1}}}, "negatives.dance.dual_weight"),
         ({"negatives": {"pool": "hardest"}}, "negatives.pool"),
         ({"model": {"pooling": "max"}}, "model.pooling"),
         ({"model": {"temperature": 0}}, "model.temperature"),

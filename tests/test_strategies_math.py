@@ -237,8 +237,8 @@ def test_simans_sampling_several_negatives_when_far_candidates_underflow() -> No
 def test_simans_miner_uses_temperature_scaled_scores_and_a_positive_anchor() -> None:
     world = _world(num_queries=15, seed=11)
     tau, a, b = 0.5, 0.5, 0.1
-    config = NegativesConfig(pool="ann", sampling="simans", simans_a=a, simans_b=b,
-                             simans_top_k=8, top_k=20)
+    config = NegativesConfig(pool="ann", sampling="simans", simans={"a": a, "b": b, "top_k": 8},
+                             top_k=20)
     table = _mine(world, config, step=4, previous=None, temperature=tau)
     assert table.candidates.shape[1] == 8  # SimANS samples from its own top-k, not top_k
     for row, (q, pos) in enumerate(zip(world.queries, world.positives, strict=True)):
@@ -453,7 +453,7 @@ def test_tele_miner_episode_zero_then_momentum(alpha: float, beta: float) -> Non
     world = _world(num_queries=12, seed=21, multi_positive=False)
     k, tau = 5, 0.5
     config = NegativesConfig(pool="tele", sampling="uniform", top_k=k,
-                             tele_momentum_weight=alpha, tele_lookahead_weight=beta)
+                             tele={"momentum_weight": alpha, "lookahead_weight": beta})
     episode0 = _mine(world, config, step=0, previous=None, temperature=tau)
     assert not (episode0.sources == MOMENTUM).any()  # Eq. 7: no momentum in episode 0
     look_only = shared = 0
@@ -514,7 +514,7 @@ def test_tele_miner_episode_zero_then_momentum(alpha: float, beta: float) -> Non
 
 def test_tele_cap_keeps_most_probable() -> None:
     world = _world(num_queries=6, seed=21, multi_positive=False)
-    config = NegativesConfig(pool="tele", top_k=5, tele_max_candidates=3)
+    config = NegativesConfig(pool="tele", top_k=5, tele={"max_candidates": 3})
     table = _mine(world, config, step=0, previous=None)
     assert table.candidates.shape[1] == 3
     for row, qid in enumerate(world.train_ids):
@@ -605,7 +605,7 @@ def test_dual_query_negatives_hand_example() -> None:
 
 def test_mine_dual_is_brute_force_nearest_training_queries_minus_owners() -> None:
     world, train_ids = _dance_world()
-    config = NegativesConfig(dual_weight=0.1, dual_top_k=3)
+    config = NegativesConfig(dance={"dual_weight": 0.1, "top_k": 3})
     table = mine_dual(4, config, world.dataset, train_ids, world.index, world.queries)
     owners = {d: {r for r, q in enumerate(train_ids) if d in world.dataset.train[q]}
               for d in range(8)}
@@ -622,9 +622,9 @@ def test_mine_dual_is_brute_force_nearest_training_queries_minus_owners() -> Non
 def test_batch_builder_dual_columns() -> None:
     world, train_ids = _dance_world()
     dataset = world.dataset
-    dual = mine_dual(4, NegativesConfig(dual_weight=0.1, dual_top_k=10), dataset, train_ids,
-                     world.index, world.queries)
-    # dual_top_k above the number of training queries: every non-owner is a candidate.
+    dual = mine_dual(4, NegativesConfig(dance={"dual_weight": 0.1, "top_k": 10}), dataset,
+                     train_ids, world.index, world.queries)
+    # dance.top_k above the number of training queries: every non-owner is a candidate.
     allowed_texts = {}
     for doc_key in dual.query_ids:
         row = dual.row(str(doc_key))

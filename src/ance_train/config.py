@@ -7,19 +7,26 @@ message that names the field, before any service starts work.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    SerializeAsAny,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from ance_train.negatives.strategies.base import StrategySettings
 
 if TYPE_CHECKING:
     from ance_train.negatives.strategies.base import (
@@ -28,6 +35,9 @@ if TYPE_CHECKING:
         PoolStrategy,
         SamplingStrategy,
     )
+
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -105,6 +115,36 @@ def _registry() -> ModuleType:
     return registry
 
 
+def _error_at(loc: tuple, item: Any) -> InitErrorDetails:
+    """A validation error of ``item`` (from ``ValidationError.errors()``) placed at ``loc``."""
+    error: InitErrorDetails = {"type": item["type"], "loc": loc, "input": item["input"]}
+    if "ctx" in item:
+        error["ctx"] = item["ctx"]
+    return error
+
+
+def _read_legacy_keys(data: dict, section: dict, name: str,
+                      legacy_keys: Mapping[str, str]) -> list[InitErrorDetails]:
+    """Move the deprecated flat keys of ``negatives`` (``data``) into the strategy's section
+    (logging the new key to write); a flat key given with its new key is an error."""
+    errors: list[InitErrorDetails] = []
+    for old, new in legacy_keys.items():
+        if old not in data:
+            continue
+        value = data.pop(old)
+        if new in section:
+            errors.append({"type": PydanticCustomError(
+                "deprecated_key_conflict",
+                "negatives.{old} (deprecated) and negatives.{new} are both given: keep only "
+                "negatives.{new}", {"old": old, "new": f"{name}.{new}"}),
+                "loc": (old,), "input": value})
+            continue
+        log.warning("negatives.%s is deprecated: write it as negatives.%s.%s (read as that "
+                    "for now)", old, name, new)
+        section[new] = value
+    return errors
+
+
 def _registered(name: str, role: Literal["pool", "sampling"]) -> str:
     try:
         _registry().lookup(name, role)
@@ -113,17 +153,31 @@ def _registered(name: str, role: Literal["pool", "sampling"]) -> str:
     return name
 
 
-class NegativesConfig(_Strict):
+class NegativesConfig(BaseModel):
     """Where hard negatives come from and how they are drawn (see docs/strategies.md).
 
     ``pool`` is the candidate set: ``in_batch`` (no hard negatives), ``random`` (uniform over
-    the corpus), ``bm25`` (bm25s top-``bm25_top_k``), ``bm25_random`` (DPR: BM25 and random
+    the corpus), ``bm25`` (bm25s top-``bm25.top_k``), ``bm25_random`` (DPR: BM25 and random
     1:1), ``ann`` (ANCE: the ANN top-``top_k`` of the latest refresh) or ``tele`` (ANCE-Tele:
     ANN ∪ momentum ∪ lookahead). ``sampling`` draws from ANN-scored candidates uniformly
     (ANCE) or by SimANS probabilities. ``warmup: bm25`` trains on BM25 negatives first
     ("BM25 → X", ANCE Table 1); ``warmup: bm25_random`` on BM25 and random negatives 1:1
     first, so X starts from the DPR-style model (ANCE warms up from DPR in OpenQA, §5).
+
+    Pools and samplings are the strategies of :mod:`ance_train.negatives.strategies.registry`.
+    A strategy with settings of its own reads them from the section named after it, declared
+    by its module: ``bm25: {top_k}``, ``tele: {momentum_weight, lookahead_weight,
+    max_candidates}``, ``simans: {a, b, top_k}``, ``dance: {dual_weight, per_positive,
+    top_k}`` (DANCE's dual loss, on when ``dual_weight`` > 0). The flat keys these replaced
+    (``simans_a``, ``tele_momentum_weight``, ``dual_weight``, ``bm25_top_k``, ...) are still
+    read, with a deprecation message naming the new key; giving a flat key and its new key
+    together is an error. Any other unknown key is rejected, naming it.
     """
+
+    # Strategy sections are validated by ``_strategy_sections`` against the registry and
+    # kept as extra attributes (``config.simans``, ...); no other extra key gets through.
+    model_config = ConfigDict(extra="allow", frozen=True)
+    __pydantic_extra__: dict[str, SerializeAsAny[StrategySettings]]
 
     pool: str = Field("ann", description="A registered pool strategy.")
     sampling: str = Field("uniform", description="A registered sampling strategy.")
@@ -139,7 +193,6 @@ class NegativesConfig(_Strict):
         description="Block before step 1 until the first negatives exist (the only wait allowed).",
     )
     top_k: int = Field(200, ge=1, description="ANCE §5: sample from the ANN top 200.")
-    bm25_top_k: int = Field(100, ge=1, description="ANCE Table 1 BM25 negatives: top 100.")
     max_positive_ratio: float | None = Field(
         None, gt=0.0,
         description="False-negative filter for ANN candidates (positive-aware mining, "
@@ -152,21 +205,44 @@ class NegativesConfig(_Strict):
         description="ANCE: share of training queries re-mined at each refresh; the others keep "
                     "their previous negatives.",
     )
-    # SimANS (002_*.txt §4.1, Eq. 4): p_i ∝ exp(-a (s(q,d_i) - s(q,d̃+) - b)^2) over the top-k.
-    simans_a: float = Field(0.5, gt=0.0, description="SimANS density; paper: 0.5 (MS MARCO).")
-    simans_b: float = Field(0.0, description="SimANS peak offset; paper: 0 (MS MARCO).")
-    simans_top_k: int = Field(100, ge=1, description="SimANS §4.1: k = 100.")
-    # ANCE-Tele (004_*.txt §4, Eq. 4-6): weights of momentum and lookahead negatives.
-    tele_momentum_weight: float = Field(0.5, ge=0.0, description="α; paper: 0.5.")
-    tele_lookahead_weight: float = Field(0.5, ge=0.0, description="β; paper: 0.5.")
-    tele_max_candidates: int = Field(
-        400, ge=1, description="Cap on a query's teleportation pool (highest probability kept).")
-    # DANCE (001_*.txt §3.3, Eq. 10-12): dual query-retrieval loss with weight λ.
-    dual_weight: float = Field(0.0, ge=0.0, description="λ; DANCE: 0.1. 0 disables it.")
-    dual_per_positive: int = Field(1, ge=1, description="Negative queries per positive.")
-    dual_top_k: int = Field(200, ge=1, description="Negative queries drawn from this top-K.")
     grad_norm_every: int = Field(
         10, ge=0, description="Log bottom/middle/top layer gradient norms every N steps (0: off).")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _strategy_sections(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        """Validate each registered strategy's section with its settings model (defaults when
+        absent), reading the deprecated flat keys into it; reject every other unknown key."""
+        if not isinstance(data, dict):
+            return handler(data)
+        data = dict(data)
+        errors: list[InitErrorDetails] = []
+        sections: dict[str, StrategySettings] = {}
+        for name, strategy in _registry().STRATEGIES.items():
+            model = strategy.settings_model
+            if model is None:
+                continue
+            given = data.pop(name, None)
+            if given is None:
+                given = {}
+            elif isinstance(given, StrategySettings):
+                given = {field: getattr(given, field) for field in given.model_fields_set}
+            if isinstance(given, dict):
+                given = dict(given)
+                errors += _read_legacy_keys(data, given, name, strategy.legacy_keys)
+            try:
+                sections[name] = model.model_validate(given)
+            except ValidationError as error:
+                errors += [_error_at((name, *item["loc"]), item) for item in error.errors()]
+        errors += [{"type": "extra_forbidden", "loc": (key,), "input": data.pop(key)}
+                   for key in [key for key in data if key not in cls.model_fields]]
+        try:
+            validated = handler({**data, **sections})
+        except ValidationError as error:
+            errors += [_error_at(item["loc"], item) for item in error.errors()]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return validated
 
     @field_validator("pool")
     @classmethod

@@ -197,7 +197,7 @@ class Indexer:
             ctx.state.update(state="running", phase="BM25 negatives")
             started = time.monotonic()
             table = bm25_negatives(ctx.corpus, ctx.dataset, self.train_ids,
-                                   ctx.config.negatives.bm25_top_k)
+                                   ctx.config.negatives.bm25.top_k)
             ctx.store.put_bytes(key, table.to_bytes())
             if self.previous is None:  # what the trainer uses until the first ANN refresh
                 self.previous = table

@@ -12,18 +12,22 @@ A strategy plays one of three roles, chosen by one field of the ``negatives:`` s
   query-retrieval loss, enabled by its weight).
 
 A strategy class names itself (its registry key, the value written in the configuration),
-rejects the combinations it cannot work with (:meth:`check`), and implements its role's
-indexer side (mining) and trainer side (the source of its negatives).
+may declare a settings model (:class:`StrategySettings`, read from the section
+``negatives.<name>``) and the flat keys that held those settings before (still read, with a
+deprecation message), rejects the combinations it cannot work with (:meth:`check`), and
+implements its role's indexer side (mining) and trainer side (the source of its negatives).
 Instances are bound to one ``negatives`` configuration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from ance_train.config import NegativesConfig, RunConfig
@@ -33,6 +37,12 @@ if TYPE_CHECKING:
     from ance_train.negatives.table import NegativesTable
 
 Role = Literal["pool", "sampling", "loss"]
+
+
+class StrategySettings(BaseModel):
+    """A strategy's own settings: the section ``negatives.<strategy name>``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class NegativeSource(Protocol):
@@ -90,9 +100,18 @@ class NegativeStrategy:
 
     name: ClassVar[str]
     role: ClassVar[Role]
+    #: The model of the section ``negatives.<name>`` (None: the strategy has no settings).
+    settings_model: ClassVar[type[StrategySettings] | None] = None
+    #: Deprecated flat keys of ``negatives`` → the field of ``settings_model`` they now are.
+    legacy_keys: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     def __init__(self, config: NegativesConfig) -> None:
         self.config = config
+
+    @property
+    def settings(self) -> Any:
+        """This strategy's section of the configuration (an instance of ``settings_model``)."""
+        return getattr(self.config, self.name)
 
     def check(self, run: RunConfig) -> None:
         """Reject a configuration this strategy cannot run with: raise ``ValueError`` naming

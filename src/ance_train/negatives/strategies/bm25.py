@@ -6,7 +6,7 @@ Danqi Chen, Wen-tau Yih. "Dense Passage Retrieval for Open-Domain Question Answe
 
 DPR §3.2 ("Positive and negative passages": top BM25 passages that are not positives) as
 ANCE (arXiv:2007.00808) runs it as the "BM25 Neg" baseline of its Table 1: negatives drawn
-uniformly from the BM25 top 100 (``bm25_top_k``) minus the positives, trained with the NLL
+uniformly from the BM25 top 100 (``negatives.bm25.top_k``) minus the positives, trained with the NLL
 loss of DPR Eq. 2,
 
     L(q, p⁺, p⁻_1..n) = −log( e^{sim(q, p⁺)} / (e^{sim(q, p⁺)} + Σ_j e^{sim(q, p⁻_j)}) ).
@@ -20,20 +20,33 @@ Pool ``bm25`` (:class:`Bm25Pool`).
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
 import bm25s
 import numpy as np
+from pydantic import Field
 
 from ance_train.negatives.mining import positives_of
 from ance_train.negatives.strategies.ance import ance_negatives
-from ance_train.negatives.strategies.base import NegativeSource, PoolStrategy, TableHolder
+from ance_train.negatives.strategies.base import (
+    NegativeSource,
+    PoolStrategy,
+    StrategySettings,
+    TableHolder,
+)
 from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable
 
 if TYPE_CHECKING:
     from ance_train.config import RunConfig
     from ance_train.data.dataset import Corpus, DatasetIndex
     from ance_train.negatives.strategies.random import RandomNegatives
+
+
+class Bm25Settings(StrategySettings):
+    """``negatives.bm25``: how deep the BM25 table goes (also for the BM25 warm-up)."""
+
+    top_k: int = Field(100, ge=1, description="ANCE Table 1 BM25 negatives: top 100.")
 
 
 def bm25_negatives(corpus: Corpus, dataset: DatasetIndex, query_ids: list[str],
@@ -63,6 +76,8 @@ class Bm25Pool(PoolStrategy):
     name: ClassVar[str] = "bm25"
     needs_table: ClassVar[bool] = True
     uses_bm25: ClassVar[bool] = True
+    settings_model = Bm25Settings
+    legacy_keys = MappingProxyType({"bm25_top_k": "top_k"})
 
     def check(self, run: RunConfig) -> None:
         if run.negatives.warmup_steps:

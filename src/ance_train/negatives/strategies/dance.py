@@ -10,23 +10,25 @@ query q⁺ must retrieve q⁺ among negative queries Q⁻_ANN sampled near d⁺:
     L_dual = −log( e^{f(d⁺, q⁺)/τ} / (e^{f(d⁺, q⁺)/τ} + Σ_{q⁻ ∈ Q⁻_ANN} e^{f(d⁺, q⁻)/τ}) )   (10)
     L_final = L_norm + λ · L_dual                                                           (12)
 
-λ = ``dual_weight`` (0.1 in the paper; 0 disables DANCE). The indexer mines, at each
-refresh, the ``dual_top_k`` training queries nearest to each positive document under the
-current checkpoint, minus every query that has it as a positive (:func:`mine_dual`); the
-trainer draws ``dual_per_positive`` of them per positive (``BatchBuilder``) and adds the term
-(``Trainer._optimise``).
+λ = ``negatives.dance.dual_weight`` (0.1 in the paper; 0 disables DANCE). The indexer mines,
+at each refresh, the ``dance.top_k`` training queries nearest to each positive document under
+the current checkpoint, minus every query that has it as a positive (:func:`mine_dual`); the
+trainer draws ``dance.per_positive`` of them per positive (``BatchBuilder``) and adds the
+term (``Trainer._optimise``).
 
 A loss strategy: it combines with any pool and sampling.
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
 import faiss
 import numpy as np
+from pydantic import Field
 
-from ance_train.negatives.strategies.base import LossStrategy, TableHolder
+from ance_train.negatives.strategies.base import LossStrategy, StrategySettings, TableHolder
 from ance_train.negatives.table import (
     PAD,
     SOURCE_CODE,
@@ -39,6 +41,14 @@ if TYPE_CHECKING:
     from ance_train.config import NegativesConfig, RunConfig
     from ance_train.data.dataset import DatasetIndex
     from ance_train.index.ann import AnnIndex
+
+
+class DanceSettings(StrategySettings):
+    """``negatives.dance``: λ and the negative queries."""
+
+    dual_weight: float = Field(0.0, ge=0.0, description="λ; DANCE: 0.1. 0 disables it.")
+    per_positive: int = Field(1, ge=1, description="Negative queries per positive.")
+    top_k: int = Field(200, ge=1, description="Negative queries drawn from this top-K.")
 
 
 def dual_query_negatives(
@@ -61,7 +71,7 @@ def mine_dual(step: int, config: NegativesConfig, dataset: DatasetIndex, train_i
               index: AnnIndex, train_queries: np.ndarray) -> NegativesTable:
     """DANCE's negative queries: for each positive document, the nearest training queries
     (embedding space of the current checkpoint) that do not have it as a positive."""
-    top_k = config.dual_top_k
+    top_k = config.dance.top_k
     owners: dict[int, set[int]] = {}
     for row, qid in enumerate(train_ids):
         for doc, rel in dataset.train[qid].items():
@@ -76,14 +86,18 @@ def mine_dual(step: int, config: NegativesConfig, dataset: DatasetIndex, train_i
 
 
 class DanceLoss(LossStrategy):
-    """The dual loss: enabled by ``dual_weight`` > 0."""
+    """The dual loss: enabled by ``negatives.dance.dual_weight`` > 0."""
 
     name: ClassVar[str] = "dance"
+    settings_model = DanceSettings
+    legacy_keys = MappingProxyType({"dual_weight": "dual_weight",
+                                    "dual_per_positive": "per_positive",
+                                    "dual_top_k": "top_k"})
 
     @property
     def weight(self) -> float:
         """λ of Eq. 12."""
-        return self.config.dual_weight
+        return self.settings.dual_weight
 
     @property
     def enabled(self) -> bool:
@@ -92,11 +106,11 @@ class DanceLoss(LossStrategy):
     @property
     def per_positive(self) -> int:
         """Negative queries drawn per positive document in a batch."""
-        return self.config.dual_per_positive
+        return self.settings.per_positive
 
     def check(self, run: RunConfig) -> None:
         if self.enabled and run.model.similarity != "cosine":
-            raise ValueError("negatives.dual_weight (DANCE) is defined on L2-normalised "
+            raise ValueError("negatives.dance.dual_weight (DANCE) is defined on L2-normalised "
                              "embeddings: set model.similarity to cosine")
 
     def mine(self, step: int, dataset: DatasetIndex, train_ids: list[str], index: AnnIndex,

@@ -9,7 +9,8 @@ Implements Eq. 4 of §4.1 over the top-k ranked negatives D̃⁻ (k = 100):
     p_i ∝ exp(−a · (s(q, d_i) − s(q, d̃⁺) − b)²),   d_i ∈ D̃⁻,
 
 with ``d̃⁺`` one positive drawn at random per query and refresh (the paper's cheaper
-replacement of the mean positive score of Eq. 3), ``a`` = 0.5 and ``b`` = 0 (MS MARCO).
+replacement of the mean positive score of Eq. 3), ``a`` = 0.5 and ``b`` = 0 (MS MARCO), set
+in ``negatives.simans: {a, b, top_k}``.
 ``s`` is the model's relevance score, i.e. the similarity divided by ``model.temperature``
 (the quantity the loss uses), so ``a`` and ``b`` mean the same under dot product and under
 cosine with a temperature. The authors' released code differs in places (it normalises and
@@ -22,12 +23,22 @@ trainer draws by them.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import ClassVar
 
 import numpy as np
+from pydantic import Field
 
-from ance_train.negatives.strategies.base import SamplingStrategy
+from ance_train.negatives.strategies.base import SamplingStrategy, StrategySettings
 from ance_train.negatives.table import PAD
+
+
+class SimansSettings(StrategySettings):
+    """``negatives.simans``: Eq. 4's a, b and the top-k it samples from."""
+
+    a: float = Field(0.5, gt=0.0, description="Density a; paper: 0.5 (MS MARCO).")
+    b: float = Field(0.0, description="Peak offset b; paper: 0 (MS MARCO).")
+    top_k: int = Field(100, ge=1, description="§4.1: k = 100 ranked negatives.")
 
 
 def simans_probabilities(
@@ -50,11 +61,13 @@ class SimansSampling(SamplingStrategy):
 
     name: ClassVar[str] = "simans"
     needs_scores: ClassVar[bool] = True
+    settings_model = SimansSettings
+    legacy_keys = MappingProxyType({"simans_a": "a", "simans_b": "b", "simans_top_k": "top_k"})
 
     def depth(self) -> int:
-        return self.config.simans_top_k
+        return self.settings.top_k
 
     def probabilities(self, candidates: np.ndarray, scores: np.ndarray,
                       positive_scores: np.ndarray) -> np.ndarray:
         return simans_probabilities(scores, candidates, positive_scores,
-                                    self.config.simans_a, self.config.simans_b)
+                                    self.settings.a, self.settings.b)

@@ -15,12 +15,13 @@ mixture of sampling distributions,
 
     p_i = (p_ann + α · p_{i−1} + β · p_lookahead) / (1 + α + β),
 
-so older episodes fade by α per episode; α = β = 0.5 as in the paper. ``p_ann`` and
+so older episodes fade by α per episode; α = β = 0.5 as in the paper
+(``negatives.tele: {momentum_weight, lookahead_weight, max_candidates}``). ``p_ann`` and
 ``p_lookahead`` are the configured sampling strategy's distributions (uniform, or SimANS)
 over the ANN top-k of the query and of ``d̃⁺`` (one positive drawn per query), positives
 removed. A document in several parts gets their summed mass and the source of the first
-(ann, then momentum, then lookahead); each row keeps its ``tele_max_candidates`` most
-probable documents, renormalised.
+(ann, then momentum, then lookahead); each row keeps its ``max_candidates`` most probable
+documents, renormalised.
 
 Pool ``tele`` (:class:`TelePool`): ANCE's ANN pool with the mixture above as its table.
 """
@@ -28,17 +29,28 @@ Pool ``tele`` (:class:`TelePool`): ANCE's ANN pool with the mixture above as its
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+from pydantic import Field
 
 from ance_train.negatives.mining import align_rows
 from ance_train.negatives.strategies.ance import AnnPool
-from ance_train.negatives.strategies.base import AnnRefresh
+from ance_train.negatives.strategies.base import AnnRefresh, StrategySettings
 from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable, remove_positives
 
 if TYPE_CHECKING:
     from ance_train.negatives.mining import Miner
+
+
+class TeleSettings(StrategySettings):
+    """``negatives.tele``: the weights of Eq. 5-6 and the cap on a row."""
+
+    momentum_weight: float = Field(0.5, ge=0.0, description="α; paper: 0.5.")
+    lookahead_weight: float = Field(0.5, ge=0.0, description="β; paper: 0.5.")
+    max_candidates: int = Field(
+        400, ge=1, description="Cap on a query's teleportation pool (highest probability kept).")
 
 
 def mix_rows(
@@ -81,9 +93,13 @@ class TelePool(AnnPool):
 
     name: ClassVar[str] = "tele"
     remines: ClassVar[bool] = False
+    settings_model = TeleSettings
+    legacy_keys = MappingProxyType({"tele_momentum_weight": "momentum_weight",
+                                    "tele_lookahead_weight": "lookahead_weight",
+                                    "tele_max_candidates": "max_candidates"})
 
     def mine(self, miner: Miner, refresh: AnnRefresh) -> NegativesTable:
-        cfg = self.config
+        tele = self.settings
         k, index = refresh.depth, refresh.index
         # Lookahead: neighbours of the positive document, minus the positives themselves.
         near, near_sims = index.search(refresh.anchor_vectors, k + miner.max_positives,
@@ -95,9 +111,9 @@ class TelePool(AnnPool):
         previous = refresh.previous
         if previous is not None and previous.step >= 0:  # Eq. 7: no momentum in episode 0
             mom, mom_probs = align_rows(previous, miner.train_ids)
-            parts.append((mom, mom_probs, SOURCE_CODE["momentum"], cfg.tele_momentum_weight))
-        parts.append((look, look_probs, SOURCE_CODE["lookahead"], cfg.tele_lookahead_weight))
-        candidates, probabilities, sources = mix_rows(parts, cfg.tele_max_candidates)
+            parts.append((mom, mom_probs, SOURCE_CODE["momentum"], tele.momentum_weight))
+        parts.append((look, look_probs, SOURCE_CODE["lookahead"], tele.lookahead_weight))
+        candidates, probabilities, sources = mix_rows(parts, tele.max_candidates)
         return miner.table(replace(
             refresh, candidates=candidates, probabilities=probabilities, sources=sources,
             scores=miner.scores(index, refresh.queries, candidates)))
