@@ -6,9 +6,8 @@ Danqi Chen, Wen-tau Yih. "Dense Passage Retrieval for Open-Domain Question Answe
 
 DPR §3.2 ("In-batch negatives"): with B queries and their positives in a batch, S = Q·Pᵀ is
 the B × B score matrix and each query's B − 1 other positives are its negatives in the NLL
-loss of DPR Eq. 2. ANCE (arXiv:2007.00808) §3.2 shows why such local negatives give
-diminishing gradients; its Table 1 baselines "Rand Neg" and "NCE Neg" draw their negatives
-within the batch. The trainer builds these columns for every pool while
+loss of DPR Eq. 2 (ANCE, arXiv:2007.00808, §3.2 shows why such local negatives give
+diminishing gradients). The trainer builds these columns for every pool while
 ``training.in_batch_negatives`` is on (``BatchBuilder``); this pool adds no hard negatives
 to them, so nothing is mined and nothing waited for.
 
