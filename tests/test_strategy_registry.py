@@ -77,7 +77,7 @@ def test_an_unknown_name_is_a_configuration_error(negatives: dict, field: str,
     assert field in message and f"unknown {role}" in message, message
     assert ", ".join(registry.names(role)) in message  # the choices are listed
     with pytest.raises(KeyError):
-        registry.lookup(next(iter(negatives.values())), role)  # type: ignore[arg-type]
+        registry.lookup(next(iter(negatives.values())), role)
 
 
 def test_each_strategy_module_cites_its_paper_and_equation() -> None:

@@ -260,16 +260,16 @@ class NegativesConfig(BaseModel):
 
     @property
     def pool_strategy(self) -> PoolStrategy:
-        return self.strategy(self.pool)  # type: ignore[return-value]
+        return self.strategy(self.pool)
 
     @property
     def sampling_strategy(self) -> SamplingStrategy:
-        return self.strategy(self.sampling)  # type: ignore[return-value]
+        return self.strategy(self.sampling)
 
     @property
     def loss_strategies(self) -> list[LossStrategy]:
         """Every registered loss strategy (each says whether it is ``enabled``)."""
-        return [self.strategy(name) for name in _registry().names("loss")]  # type: ignore[misc]
+        return [self.strategy(name) for name in _registry().names("loss")]
 
     @property
     def mines_ann(self) -> bool:
