@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.FIELD=VALUE",
                         help="Override a config field for every method (dev tuning), e.g. "
-                             "--set training.learning_rate=5e-5; repeatable.")
+                             "--set training.learning_rate=5e-5, or a strategy's setting, "
+                             "--set negatives.simans.a=0.3; repeatable.")
     parser.add_argument("--label", help="Name the method LABEL in the report (one method per "
                              "invocation): a variant made with --set negatives.* can then be "
                              "merged by --combine beside the method itself, e.g. "
@@ -107,8 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown methods {unknown}; choose from {ALL_METHODS}")
     for override in args.overrides:
         path, sep, _ = override.partition("=")
-        if not sep or path.count(".") != 1:
-            parser.error(f"--set {override!r}: expected SECTION.FIELD=VALUE")
+        if not sep or "." not in path or "" in path.split("."):
+            parser.error(f"--set {override!r}: expected SECTION.FIELD=VALUE "
+                         "(or SECTION.SUBSECTION.FIELD=VALUE)")
     if args.label and len(args.methods) != 1:
         parser.error(f"--label names one method; got --methods {' '.join(args.methods)}")
     if args.label in ALL_METHODS and args.label != args.methods[0]:
@@ -117,15 +119,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> None:
-    """Lay ``SECTION.FIELD=VALUE`` overrides (VALUE parsed as YAML) over a config."""
+    """Lay ``SECTION.FIELD=VALUE`` overrides (VALUE parsed as YAML) over a config; the path
+    may go deeper, into a strategy's section (``negatives.simans.a=0.3``)."""
     for override in overrides:
         path, _, value = override.partition("=")
-        section, field = path.split(".")
+        *sections, field = path.split(".")
         parsed = yaml.safe_load(value)
         if isinstance(parsed, str):  # YAML 1.1 reads "5e-5" (no dot) as a string
             with contextlib.suppress(ValueError):
                 parsed = float(parsed)
-        raw.setdefault(section, {})[field] = parsed
+        target = raw
+        for section in sections:
+            target = target.setdefault(section, {})
+        target[field] = parsed
 
 
 def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import REPO
 
 
@@ -215,3 +217,22 @@ def test_stopping_the_benchmark_stops_its_run(tmp_path: Path, scifact_subset, ti
     assert not alive, [p.cmdline() for p in alive]
     assert not (tmp_path / "out" / "quality-cpu.json").exists(), \
         "a stopped benchmark reports nothing"
+
+
+def test_overrides_reach_a_strategy_section(monkeypatch) -> None:
+    """``--set negatives.simans.a=0.3`` sets a field of a strategy's section, next to the
+    values the method's file gives that section; a two-part path still sets a field."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import quality
+
+    raw = {"negatives": {"pool": "ann", "simans": {"top_k": 100, "a": 0.5}}}
+    quality.apply_overrides(raw, ["negatives.simans.a=0.3", "negatives.tele.max_candidates=90",
+                                  "negatives.top_k=20", "training.learning_rate=5e-5"])
+    assert raw == {"negatives": {"pool": "ann", "simans": {"top_k": 100, "a": 0.3},
+                                 "tele": {"max_candidates": 90}, "top_k": 20},
+                   "training": {"learning_rate": 5e-5}}
+    assert quality.parse_args(["--set", "negatives.simans.a=0.3"]).overrides == [
+        "negatives.simans.a=0.3"]
+    for bad in ("negatives=3", "negatives..a=1", "top_k=20"):
+        with pytest.raises(SystemExit):
+            quality.parse_args(["--set", bad])

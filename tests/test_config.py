@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from ance_train.config import (
     load_config,
     parse_config,
 )
+from ance_train.negatives.strategies.registry import STRATEGIES
 
 from helpers import write_config
 
@@ -47,11 +49,11 @@ def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
     assert cfg.negatives.pool == "ann" and cfg.negatives.sampling == "uniform"
     assert cfg.inference.replicas == 2
     assert cfg.negatives.top_k == 200
-    assert cfg.negatives.bm25_top_k == 100
+    assert cfg.negatives.bm25.top_k == 100
     # Paper defaults: SimANS a=0.5, b=0, k=100; ANCE-Tele α=β=0.5; DANCE λ=0.1 when enabled.
-    assert (cfg.negatives.simans_a, cfg.negatives.simans_b) == (0.5, 0.0)
-    assert cfg.negatives.simans_top_k == 100
-    assert cfg.negatives.tele_momentum_weight == cfg.negatives.tele_lookahead_weight == 0.5
+    assert (cfg.negatives.simans.a, cfg.negatives.simans.b) == (0.5, 0.0)
+    assert cfg.negatives.simans.top_k == 100
+    assert cfg.negatives.tele.momentum_weight == cfg.negatives.tele.lookahead_weight == 0.5
     assert cfg.index.eval_splits == ["dev", "test"]
     assert cfg.services.trainer_port == 0
 
@@ -85,7 +87,7 @@ def test_unknown_top_level_field_is_named(tmp_path: Path) -> None:
         ({"negatives": {"pool": "bm25", "max_positive_ratio": 0.95}},
          "negatives.max_positive_ratio"),
         ({"negatives": {"max_positive_ratio": 0}}, "negatives.max_positive_ratio"),
-        ({"negatives": {"dual_weight": 0.1}}, "negatives.dual_weight"),
+        ({"negatives": {"dance": {"dual_weight": 0.1}}}, "negatives.dance.dual_weight"),
         ({"negatives": {"pool": "hardest"}}, "negatives.pool"),
         ({"model": {"pooling": "max"}}, "model.pooling"),
         ({"model": {"temperature": 0}}, "model.temperature"),
@@ -206,3 +208,97 @@ def test_parse_config_error_names_source() -> None:
         parse_config({"data": {"path": "d"}, "negatives": {"top_k": 0}}, source="configmap")
     assert "configmap" in str(info.value)
     assert "negatives.top_k" in str(info.value)
+
+
+# Every deprecated flat key of ``negatives``, the nested key it became and a non-default value.
+LEGACY_KEYS = [
+    ("bm25_top_k", ("bm25", "top_k"), 30),
+    ("simans_a", ("simans", "a"), 0.3),
+    ("simans_b", ("simans", "b"), 0.1),
+    ("simans_top_k", ("simans", "top_k"), 50),
+    ("tele_momentum_weight", ("tele", "momentum_weight"), 0.2),
+    ("tele_lookahead_weight", ("tele", "lookahead_weight"), 0.7),
+    ("tele_max_candidates", ("tele", "max_candidates"), 90),
+    ("dual_weight", ("dance", "dual_weight"), 0.1),
+    ("dual_per_positive", ("dance", "per_positive"), 2),
+    ("dual_top_k", ("dance", "top_k"), 20),
+]
+
+
+def test_every_deprecated_key_is_listed_here() -> None:
+    registered = {old: (name, new) for name, strategy in STRATEGIES.items()
+                  for old, new in strategy.legacy_keys.items()}
+    assert registered == {old: new for old, new, _ in LEGACY_KEYS}
+
+
+def test_old_flat_keys_load_as_the_nested_form_with_a_deprecation_message(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    flat = {old: value for old, _, value in LEGACY_KEYS}
+    nested: dict = {}
+    for _, (section, field), value in LEGACY_KEYS:
+        nested.setdefault(section, {})[field] = value
+    common = {"data": {"path": "d"}, "model": {"similarity": "cosine"}}
+    with caplog.at_level(logging.WARNING, logger="ance_train.config"):
+        new = load_config(write_config(tmp_path / "new.yaml", **common,
+                                       negatives={"pool": "tele", **nested}))
+    assert not caplog.records, "the nested form is not deprecated"
+    with caplog.at_level(logging.WARNING, logger="ance_train.config"):
+        old = load_config(write_config(tmp_path / "old.yaml", **common,
+                                       negatives={"pool": "tele", **flat}))
+    assert old == new
+    assert old.negatives.simans.a == 0.3 and old.negatives.dance.per_positive == 2
+    assert old.negatives.bm25.top_k == 30 and old.negatives.tele.max_candidates == 90
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(messages) == len(LEGACY_KEYS)
+    for old_key, (section, field), _ in LEGACY_KEYS:
+        assert any(f"negatives.{old_key} is deprecated" in m and f"negatives.{section}.{field}"
+                   in m for m in messages), old_key
+    # What the services receive (dump_config) is the nested form: no message there.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ance_train.config"):
+        assert parse_config(yaml.safe_load(dump_config(old))) == old
+    assert not caplog.records
+
+
+def test_a_flat_key_fills_its_section_beside_nested_fields() -> None:
+    cfg = parse_config({"data": {"path": "d"},
+                        "negatives": {"simans_a": 0.3, "simans": {"top_k": 7}}})
+    assert (cfg.negatives.simans.a, cfg.negatives.simans.b, cfg.negatives.simans.top_k) == (
+        0.3, 0.0, 7)
+
+
+@pytest.mark.parametrize(("old", "new", "negatives"), [
+    ("simans_a", "simans.a", {"simans_a": 0.3, "simans": {"a": 0.4}}),
+    ("tele_max_candidates", "tele.max_candidates",
+     {"tele_max_candidates": 9, "tele": {"max_candidates": 9}}),
+    ("dual_weight", "dance.dual_weight", {"dual_weight": 0.1, "dance": {"dual_weight": 0.1}}),
+    ("bm25_top_k", "bm25.top_k", {"bm25": {"top_k": 5}, "bm25_top_k": 6}),
+])
+def test_old_and_new_key_together_is_an_error_naming_both(
+    tmp_path: Path, old: str, new: str, negatives: dict
+) -> None:
+    message = _load_error(write_config(tmp_path / "run.yaml", data={"path": "d"},
+                                       model={"similarity": "cosine"}, negatives=negatives))
+    assert f"negatives.{old}" in message and f"negatives.{new}" in message, message
+
+
+@pytest.mark.parametrize(("negatives", "field"), [
+    ({"simans": {"c": 1}}, "negatives.simans.c"),
+    ({"dance": {"dual_weight": 0.1, "weight": 0.1}}, "negatives.dance.weight"),
+    ({"simans_c": 1}, "negatives.simans_c"),
+    ({"ann": {"top_k": 3}}, "negatives.ann"),  # ANCE has no section of its own
+])
+def test_unknown_strategy_fields_are_named(tmp_path: Path, negatives: dict, field: str) -> None:
+    message = _load_error(write_config(tmp_path / "run.yaml", data={"path": "d"},
+                                       model={"similarity": "cosine"}, negatives=negatives))
+    assert f"{field}: unknown field" in message, message
+
+
+def test_strategy_section_values_are_validated() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"data": {"path": "d"},
+                      "negatives": {"simans": {"a": 0}, "tele": "heavy", "per_query": -1}})
+    message = str(info.value)
+    for field in ("negatives.simans.a", "negatives.tele", "negatives.per_query"):
+        assert field in message, message

@@ -1,4 +1,5 @@
-"""Tests of the negatives table (negatives/table.py) and mining (negatives/mining.py)."""
+"""Tests of the negatives table (negatives/table.py) and the ANCE and BM25 tables
+(negatives/strategies/ance.py, bm25.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ance_train.data.corpus import Corpus
 from ance_train.data.dataset import DatasetIndex
 from ance_train.data.formats import DatasetFiles
 from ance_train.data.validation import validate_dataset
-from ance_train.negatives.mining import ance_negatives, bm25_negatives
+from ance_train.negatives.strategies.ance import ance_negatives
+from ance_train.negatives.strategies.bm25 import bm25_negatives
 from ance_train.negatives.table import (
     PAD,
     SOURCE_CODE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,13 @@ def test_there_are_configs_to_check() -> None:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
-def test_shipped_config_loads_and_finds_its_dataset(path: Path) -> None:
-    config = load_config(path)
+def test_shipped_config_loads_and_finds_its_dataset(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="ance_train.config"):
+        config = load_config(path)
     assert (Path(config.data.path) / "corpus.jsonl").is_file(), config.data.path
+    assert not caplog.records, f"deprecated keys in {path}: {caplog.text}"
 
 
 def test_every_method_has_the_same_budget() -> None:

@@ -14,7 +14,7 @@ import pytest
 from ance_train.config import load_config
 from ance_train.data.dataset import load_dataset_index
 from ance_train.infra.store import LocalStore
-from ance_train.negatives.strategies import simans_probabilities
+from ance_train.negatives.strategies.simans import simans_probabilities
 from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable
 
 from helpers import write_config
@@ -31,8 +31,8 @@ def run_strategy(root: Path, data: Path, model: Path, negatives: dict, **model_c
         model={"path": str(model), "max_query_length": 24, "max_doc_length": 96, **model_cfg},
         training={"steps": STEPS, "batch_size": BATCH, "refresh_every": REFRESH,
                   "warmup_steps": 3, "learning_rate": 1e-4, "torch_threads": 1},
-        negatives={"top_k": 30, "bm25_top_k": 30, "simans_top_k": 30, "dual_top_k": 10,
-                   "grad_norm_every": 5, **negatives},
+        negatives={"top_k": 30, "bm25": {"top_k": 30}, "simans": {"top_k": 30},
+                   "dance": {"top_k": 10}, "grad_norm_every": 5, **negatives},
         inference={"replicas": 1, "shard_size": 150, "claim_timeout_s": 10,
                    "torch_threads": 1},
         index={"eval_depth": 100, "eval_splits": ["dev"]},
@@ -143,7 +143,7 @@ def test_simans(tmp_path, scifact_subset, small_model) -> None:
 
 def test_ance_tele(tmp_path, scifact_subset, small_model) -> None:
     run = run_strategy(tmp_path, scifact_subset, small_model,
-                       {"pool": "tele", "warmup": "none", "tele_max_candidates": 90})
+                       {"pool": "tele", "warmup": "none", "tele": {"max_candidates": 90}})
     common_checks(run)
     tables = list(run["tables"].values())
     first, later = tables[0], tables[1:]
@@ -162,7 +162,8 @@ def test_ance_tele(tmp_path, scifact_subset, small_model) -> None:
 
 def test_dance(tmp_path, scifact_subset, small_model) -> None:
     run = run_strategy(tmp_path, scifact_subset, small_model,
-                       {"pool": "ann", "warmup": "none", "dual_weight": 0.1},
+                       {"pool": "ann", "warmup": "none",
+                        "dance": {"dual_weight": 0.1, "top_k": 10}},
                        similarity="cosine", temperature=0.01)
     common_checks(run)
     duals = [k for k in run["store"].list("negatives") if k.endswith("-dual.npz")]

@@ -22,14 +22,12 @@ from ance_train.config import NegativesConfig
 from ance_train.data.dataset import DatasetIndex
 from ance_train.index.ann import AnnIndex
 from ance_train.indexer.diagnostics import Diagnostics, reciprocal_ranks
-from ance_train.negatives.mining import Miner, mine_dual
-from ance_train.negatives.strategies import (
-    drop_near_positive,
-    dual_query_negatives,
-    first_seen,
-    mix_rows,
-    simans_probabilities,
-)
+from ance_train.negatives.mining import Miner, drop_near_positive, first_seen
+from ance_train.negatives.strategies.bm25_random import MixedNegatives
+from ance_train.negatives.strategies.dance import dual_query_negatives, mine_dual
+from ance_train.negatives.strategies.random import RandomNegatives
+from ance_train.negatives.strategies.simans import simans_probabilities
+from ance_train.negatives.strategies.tele import mix_rows
 from ance_train.negatives.table import (
     PAD,
     SOURCE_CODE,
@@ -39,7 +37,7 @@ from ance_train.negatives.table import (
 )
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.loss import contrastive_nll, layer_grad_norms
-from ance_train.trainer.negative_sources import MixedNegatives, NegativesPicker, RandomNegatives
+from ance_train.trainer.negative_sources import NegativesPicker
 
 ANN, BM25, MOMENTUM, LOOKAHEAD = (SOURCE_CODE[name] for name in
                                   ("ann", "bm25", "momentum", "lookahead"))
@@ -239,8 +237,8 @@ def test_simans_sampling_several_negatives_when_far_candidates_underflow() -> No
 def test_simans_miner_uses_temperature_scaled_scores_and_a_positive_anchor() -> None:
     world = _world(num_queries=15, seed=11)
     tau, a, b = 0.5, 0.5, 0.1
-    config = NegativesConfig(pool="ann", sampling="simans", simans_a=a, simans_b=b,
-                             simans_top_k=8, top_k=20)
+    config = NegativesConfig(pool="ann", sampling="simans", simans={"a": a, "b": b, "top_k": 8},
+                             top_k=20)
     table = _mine(world, config, step=4, previous=None, temperature=tau)
     assert table.candidates.shape[1] == 8  # SimANS samples from its own top-k, not top_k
     for row, (q, pos) in enumerate(zip(world.queries, world.positives, strict=True)):
@@ -455,7 +453,7 @@ def test_tele_miner_episode_zero_then_momentum(alpha: float, beta: float) -> Non
     world = _world(num_queries=12, seed=21, multi_positive=False)
     k, tau = 5, 0.5
     config = NegativesConfig(pool="tele", sampling="uniform", top_k=k,
-                             tele_momentum_weight=alpha, tele_lookahead_weight=beta)
+                             tele={"momentum_weight": alpha, "lookahead_weight": beta})
     episode0 = _mine(world, config, step=0, previous=None, temperature=tau)
     assert not (episode0.sources == MOMENTUM).any()  # Eq. 7: no momentum in episode 0
     look_only = shared = 0
@@ -516,7 +514,7 @@ def test_tele_miner_episode_zero_then_momentum(alpha: float, beta: float) -> Non
 
 def test_tele_cap_keeps_most_probable() -> None:
     world = _world(num_queries=6, seed=21, multi_positive=False)
-    config = NegativesConfig(pool="tele", top_k=5, tele_max_candidates=3)
+    config = NegativesConfig(pool="tele", top_k=5, tele={"max_candidates": 3})
     table = _mine(world, config, step=0, previous=None)
     assert table.candidates.shape[1] == 3
     for row, qid in enumerate(world.train_ids):
@@ -598,8 +596,13 @@ def _dance_world() -> tuple[World, list[str]]:
 def test_dual_query_negatives_hand_example() -> None:
     ranked = np.array([[0, 1, 2, 3], [3, 2, 1, 0]])
     scores = np.array([[4.0, 3.0, 2.0, 1.0], [9.0, 8.0, 7.0, 6.0]], np.float32)
-    table = dual_query_negatives([7, 9], ranked, scores, {7: {1}, 9: {3, 0}}, top_k=2, step=5)
+    names = ["qa", "qb", "qc", "qd"]
+    table = dual_query_negatives([7, 9], ranked, scores, {7: {1}, 9: {3, 0}}, top_k=2, step=5,
+                                 query_ids=names)
     assert table.query_ids.tolist() == ["7", "9"] and table.step == 5
+    assert table.candidate_query_ids.tolist() == names
+    restored = NegativesTable.from_bytes(table.to_bytes())
+    assert restored.candidate_query_ids.tolist() == names
     assert table.candidates.tolist() == [[0, 2], [2, 1]]
     np.testing.assert_allclose(table.scores, [[4.0, 2.0], [8.0, 7.0]])
     np.testing.assert_allclose(table.probabilities, 0.5)
@@ -607,7 +610,7 @@ def test_dual_query_negatives_hand_example() -> None:
 
 def test_mine_dual_is_brute_force_nearest_training_queries_minus_owners() -> None:
     world, train_ids = _dance_world()
-    config = NegativesConfig(dual_weight=0.1, dual_top_k=3)
+    config = NegativesConfig(dance={"dual_weight": 0.1, "top_k": 3})
     table = mine_dual(4, config, world.dataset, train_ids, world.index, world.queries)
     owners = {d: {r for r, q in enumerate(train_ids) if d in world.dataset.train[q]}
               for d in range(8)}
@@ -624,9 +627,9 @@ def test_mine_dual_is_brute_force_nearest_training_queries_minus_owners() -> Non
 def test_batch_builder_dual_columns() -> None:
     world, train_ids = _dance_world()
     dataset = world.dataset
-    dual = mine_dual(4, NegativesConfig(dual_weight=0.1, dual_top_k=10), dataset, train_ids,
-                     world.index, world.queries)
-    # dual_top_k above the number of training queries: every non-owner is a candidate.
+    dual = mine_dual(4, NegativesConfig(dance={"dual_weight": 0.1, "top_k": 10}), dataset,
+                     train_ids, world.index, world.queries)
+    # dance.top_k above the number of training queries: every non-owner is a candidate.
     allowed_texts = {}
     for doc_key in dual.query_ids:
         row = dual.row(str(doc_key))

@@ -7,11 +7,37 @@ message that names the field, before any service starts work.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from ance_train.negatives.strategies.base import StrategySettings
+
+if TYPE_CHECKING:
+    from ance_train.negatives.strategies.base import (
+        LossStrategy,
+        NegativeStrategy,
+        PoolStrategy,
+        SamplingStrategy,
+    )
+
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -81,20 +107,80 @@ class TrainingConfig(_Strict):
     torch_threads: int | None = Field(None, ge=1)
 
 
-class NegativesConfig(_Strict):
+def _registry() -> ModuleType:
+    """The negative-strategy registry, imported on first use: the strategy modules import
+    modules that import this one."""
+    from ance_train.negatives.strategies import registry
+
+    return registry
+
+
+def _error_at(loc: tuple, item: Any) -> InitErrorDetails:
+    """A validation error of ``item`` (from ``ValidationError.errors()``) placed at ``loc``."""
+    error: InitErrorDetails = {"type": item["type"], "loc": loc, "input": item["input"]}
+    if "ctx" in item:
+        error["ctx"] = item["ctx"]
+    return error
+
+
+def _read_legacy_keys(data: dict, section: dict, name: str,
+                      legacy_keys: Mapping[str, str]) -> list[InitErrorDetails]:
+    """Move the deprecated flat keys of ``negatives`` (``data``) into the strategy's section
+    (logging the new key to write); a flat key given with its new key is an error."""
+    errors: list[InitErrorDetails] = []
+    for old, new in legacy_keys.items():
+        if old not in data:
+            continue
+        value = data.pop(old)
+        if new in section:
+            errors.append({"type": PydanticCustomError(
+                "deprecated_key_conflict",
+                "negatives.{old} (deprecated) and negatives.{new} are both given: keep only "
+                "negatives.{new}", {"old": old, "new": f"{name}.{new}"}),
+                "loc": (old,), "input": value})
+            continue
+        log.warning("negatives.%s is deprecated: write it as negatives.%s.%s (read as that "
+                    "for now)", old, name, new)
+        section[new] = value
+    return errors
+
+
+def _registered(name: str, role: Literal["pool", "sampling"]) -> str:
+    try:
+        _registry().lookup(name, role)
+    except KeyError as error:
+        raise ValueError(error.args[0]) from None
+    return name
+
+
+class NegativesConfig(BaseModel):
     """Where hard negatives come from and how they are drawn (see docs/strategies.md).
 
     ``pool`` is the candidate set: ``in_batch`` (no hard negatives), ``random`` (uniform over
-    the corpus), ``bm25`` (bm25s top-``bm25_top_k``), ``bm25_random`` (DPR: BM25 and random
+    the corpus), ``bm25`` (bm25s top-``bm25.top_k``), ``bm25_random`` (DPR: BM25 and random
     1:1), ``ann`` (ANCE: the ANN top-``top_k`` of the latest refresh) or ``tele`` (ANCE-Tele:
     ANN ∪ momentum ∪ lookahead). ``sampling`` draws from ANN-scored candidates uniformly
     (ANCE) or by SimANS probabilities. ``warmup: bm25`` trains on BM25 negatives first
     ("BM25 → X", ANCE Table 1); ``warmup: bm25_random`` on BM25 and random negatives 1:1
     first, so X starts from the DPR-style model (ANCE warms up from DPR in OpenQA, §5).
+
+    Pools and samplings are the strategies of :mod:`ance_train.negatives.strategies.registry`.
+    A strategy with settings of its own reads them from the section named after it, declared
+    by its module: ``bm25: {top_k}``, ``tele: {momentum_weight, lookahead_weight,
+    max_candidates}``, ``simans: {a, b, top_k}``, ``dance: {dual_weight, per_positive,
+    top_k}`` (DANCE's dual loss, on when ``dual_weight`` > 0). The flat keys these replaced
+    (``simans_a``, ``tele_momentum_weight``, ``dual_weight``, ``bm25_top_k``, ...) are still
+    read, with a deprecation message naming the new key; giving a flat key and its new key
+    together is an error. Any other unknown key is rejected, naming it.
     """
 
-    pool: Literal["in_batch", "random", "bm25", "bm25_random", "ann", "tele"] = "ann"
-    sampling: Literal["uniform", "simans"] = "uniform"
+    # Strategy sections are validated by ``_strategy_sections`` against the registry and
+    # kept as extra attributes (``config.simans``, ...); no other extra key gets through.
+    model_config = ConfigDict(extra="allow", frozen=True)
+    __pydantic_extra__: dict[str, SerializeAsAny[StrategySettings]]
+
+    pool: str = Field("ann", description="A registered pool strategy.")
+    sampling: str = Field("uniform", description="A registered sampling strategy.")
     per_query: int = Field(1, ge=0, description="ANCE §5: one negative per positive.")
     warmup: Literal["none", "bm25", "bm25_random"] = "bm25"
     warmup_steps: int = Field(
@@ -107,7 +193,6 @@ class NegativesConfig(_Strict):
         description="Block before step 1 until the first negatives exist (the only wait allowed).",
     )
     top_k: int = Field(200, ge=1, description="ANCE §5: sample from the ANN top 200.")
-    bm25_top_k: int = Field(100, ge=1, description="ANCE Table 1 BM25 negatives: top 100.")
     max_positive_ratio: float | None = Field(
         None, gt=0.0,
         description="False-negative filter for ANN candidates (positive-aware mining, "
@@ -120,30 +205,80 @@ class NegativesConfig(_Strict):
         description="ANCE: share of training queries re-mined at each refresh; the others keep "
                     "their previous negatives.",
     )
-    # SimANS (002_*.txt §4.1, Eq. 4): p_i ∝ exp(-a (s(q,d_i) - s(q,d̃+) - b)^2) over the top-k.
-    simans_a: float = Field(0.5, gt=0.0, description="SimANS density; paper: 0.5 (MS MARCO).")
-    simans_b: float = Field(0.0, description="SimANS peak offset; paper: 0 (MS MARCO).")
-    simans_top_k: int = Field(100, ge=1, description="SimANS §4.1: k = 100.")
-    # ANCE-Tele (004_*.txt §4, Eq. 4-6): weights of momentum and lookahead negatives.
-    tele_momentum_weight: float = Field(0.5, ge=0.0, description="α; paper: 0.5.")
-    tele_lookahead_weight: float = Field(0.5, ge=0.0, description="β; paper: 0.5.")
-    tele_max_candidates: int = Field(
-        400, ge=1, description="Cap on a query's teleportation pool (highest probability kept).")
-    # DANCE (001_*.txt §3.3, Eq. 10-12): dual query-retrieval loss with weight λ.
-    dual_weight: float = Field(0.0, ge=0.0, description="λ; DANCE: 0.1. 0 disables it.")
-    dual_per_positive: int = Field(1, ge=1, description="Negative queries per positive.")
-    dual_top_k: int = Field(200, ge=1, description="Negative queries drawn from this top-K.")
     grad_norm_every: int = Field(
         10, ge=0, description="Log bottom/middle/top layer gradient norms every N steps (0: off).")
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _strategy_sections(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        """Validate each registered strategy's section with its settings model (defaults when
+        absent), reading the deprecated flat keys into it; reject every other unknown key."""
+        if not isinstance(data, dict):
+            return handler(data)
+        data = dict(data)
+        errors: list[InitErrorDetails] = []
+        sections: dict[str, StrategySettings] = {}
+        for name, strategy in _registry().STRATEGIES.items():
+            model = strategy.settings_model
+            if model is None:
+                continue
+            given = data.pop(name, None)
+            if given is None:
+                given = {}
+            elif isinstance(given, StrategySettings):
+                given = {field: getattr(given, field) for field in given.model_fields_set}
+            if isinstance(given, dict):
+                given = dict(given)
+                errors += _read_legacy_keys(data, given, name, strategy.legacy_keys)
+            try:
+                sections[name] = model.model_validate(given)
+            except ValidationError as error:
+                errors += [_error_at((name, *item["loc"]), item) for item in error.errors()]
+        errors += [{"type": "extra_forbidden", "loc": (key,), "input": data.pop(key)}
+                   for key in [key for key in data if key not in cls.model_fields]]
+        try:
+            validated = handler({**data, **sections})
+        except ValidationError as error:
+            errors += [_error_at(item["loc"], item) for item in error.errors()]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return validated
+
+    @field_validator("pool")
+    @classmethod
+    def _registered_pool(cls, value: str) -> str:
+        return _registered(value, "pool")
+
+    @field_validator("sampling")
+    @classmethod
+    def _registered_sampling(cls, value: str) -> str:
+        return _registered(value, "sampling")
+
+    def strategy(self, name: str) -> NegativeStrategy:
+        """The registered strategy ``name``, bound to this configuration."""
+        return _registry().STRATEGIES[name](self)
+
+    @property
+    def pool_strategy(self) -> PoolStrategy:
+        return self.strategy(self.pool)
+
+    @property
+    def sampling_strategy(self) -> SamplingStrategy:
+        return self.strategy(self.sampling)
+
+    @property
+    def loss_strategies(self) -> list[LossStrategy]:
+        """Every registered loss strategy (each says whether it is ``enabled``)."""
+        return [self.strategy(name) for name in _registry().names("loss")]
+
     @property
     def mines_ann(self) -> bool:
-        return self.pool in ("ann", "tele")
+        return self.pool_strategy.mines_ann
 
     @property
     def uses_bm25(self) -> bool:
         warms_up = self.warmup != "none" and (self.mines_ann or self.warmup_steps > 0)
-        return self.pool in ("bm25", "bm25_random") or warms_up
+        return self.pool_strategy.uses_bm25 or warms_up
 
 
 class InferenceConfig(_Strict):
@@ -272,35 +407,35 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
         neg = self.negatives
-        if neg.mines_ann and neg.per_query > neg.top_k:
-            raise ValueError(f"negatives.per_query ({neg.per_query}) must not exceed "
-                             f"negatives.top_k ({neg.top_k})")
-        hard = neg.pool != "in_batch" and neg.per_query > 0
+        pool = neg.pool_strategy
+        pool.check(self)
+        hard = pool.hard_negatives and neg.per_query > 0
         if not self.training.in_batch_negatives and not hard:
             raise ValueError("negatives.pool gives no hard negatives and "
                              "training.in_batch_negatives is false: the loss would have none")
-        if neg.sampling == "simans" and not neg.mines_ann:
-            raise ValueError(f"negatives.sampling simans needs dense scores: use it with pool "
-                             f"ann or tele, not {neg.pool}")
+        neg.sampling_strategy.check(self)
         if neg.warmup_steps and neg.warmup == "none":
             raise ValueError("negatives.warmup_steps is set but negatives.warmup is none")
-        if neg.warmup_steps and neg.pool == "bm25":
-            raise ValueError("negatives.warmup_steps: pool bm25 is BM25 throughout; a BM25 "
-                             "warm-up goes before another pool (BM25 → X)")
         if neg.warmup_steps and neg.per_query == 0:
             raise ValueError("negatives.warmup_steps needs negatives.per_query > 0")
-        if neg.remine_fraction < 1.0 and neg.pool != "ann":
-            raise ValueError("negatives.remine_fraction applies to pool ann only")
-        if neg.max_positive_ratio is not None and not neg.mines_ann:
+        if neg.remine_fraction < 1.0 and not pool.remines:
+            raise ValueError(f"negatives.remine_fraction applies to pool "
+                             f"{_pools_with('remines', neg)} only")
+        if neg.max_positive_ratio is not None and not pool.mines_ann:
             raise ValueError(f"negatives.max_positive_ratio filters ANN candidates: use it with "
-                             f"pool ann or tele, not {neg.pool}")
-        if neg.dual_weight > 0 and self.model.similarity != "cosine":
-            raise ValueError("negatives.dual_weight (DANCE) is defined on L2-normalised "
-                             "embeddings: set model.similarity to cosine")
+                             f"pool {_pools_with('mines_ann', neg)}, not {neg.pool}")
+        for loss in neg.loss_strategies:
+            loss.check(self)
         if neg.warmup_steps >= self.training.steps:
             raise ValueError(f"negatives.warmup_steps ({neg.warmup_steps}) must be below "
                              f"training.steps ({self.training.steps})")
         return self
+
+
+def _pools_with(flag: str, negatives: NegativesConfig) -> str:
+    """The registered pools with a class flag set, as "a or b" (for messages)."""
+    return " or ".join(name for name in _registry().names("pool")
+                       if getattr(negatives.strategy(name), flag))
 
 
 def _describe(error: ValidationError, source: str) -> str:

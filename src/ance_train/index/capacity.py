@@ -262,8 +262,7 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
         neg = config.negatives
         extra = {"shard_size": config.inference.shard_size,
                  "query_shard_size": config.inference.query_shard_size,
-                 "mine_depth": max(100, neg.simans_top_k if neg.sampling == "simans"
-                                   else neg.top_k),
+                 "mine_depth": max(100, neg.sampling_strategy.depth()),
                  "eval_depth": config.index.eval_depth}
         doc_tokens = min(doc_tokens, config.model.max_doc_length)
         query_tokens = min(query_tokens, config.model.max_query_length)

@@ -14,7 +14,7 @@ from collections import Counter
 
 import numpy as np
 
-from ance_train.negatives.strategies import align_rows
+from ance_train.negatives.mining import align_rows
 from ance_train.negatives.table import PAD, NegativesTable, overlap_at, source_counts
 
 

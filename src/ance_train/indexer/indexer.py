@@ -31,7 +31,8 @@ from ance_train.indexer.search_service import SearchService, ServedIndex
 from ance_train.infra.bus import REDIS_UNAVAILABLE, Received, WorkQueue, entry_seconds
 from ance_train.infra.store import CorruptObject, StorageError
 from ance_train.modeling.checkpoint_cache import ModelCache
-from ance_train.negatives.mining import Miner, bm25_negatives, mine_dual, positives_of
+from ance_train.negatives.mining import Miner, positives_of
+from ance_train.negatives.strategies.bm25 import bm25_negatives
 from ance_train.negatives.table import NegativesTable
 from ance_train.observability.telemetry import IndexerTelemetry
 from ance_train.protocol import keys
@@ -79,6 +80,7 @@ class Indexer:
         cfg = ctx.config
         self.miner = Miner(cfg.negatives, cfg.model.temperature, ctx.dataset, self.train_ids,
                            cfg.training.seed)
+        self.dance = cfg.negatives.strategy("dance")  # DANCE's negative queries (when on)
         self.diagnostics = Diagnostics(self.train_ids, positives_of(ctx.dataset, self.train_ids),
                                        cfg.training.seed)
         self.previous: NegativesTable | None = None
@@ -206,7 +208,7 @@ class Indexer:
             ctx.state.update(state="running", phase="BM25 negatives")
             started = time.monotonic()
             table = bm25_negatives(ctx.corpus, ctx.dataset, self.train_ids,
-                                   ctx.config.negatives.bm25_top_k)
+                                   ctx.config.negatives.bm25.top_k)
             ctx.store.put_bytes(key, table.to_bytes())
             if self.previous is None:  # what the trainer uses until the first ANN refresh
                 self.previous = table
@@ -301,19 +303,19 @@ class Indexer:
 
     def mine(self, step: int, index: AnnIndex, queries: QueryVectors, cancel: Callable[[], None]
              ) -> tuple[NegativesTable | None, NegativesTable | None, dict]:
-        """The refresh's negatives (ANN pools), DANCE's negative queries and the diagnostics."""
+        """The refresh's negatives (the pool's, if it mines ANN), DANCE's negative queries
+        (when enabled) and the diagnostics."""
         ctx, cfg = self.ctx, self.ctx.config
         train_queries = queries.of(self.train_ids)
         depth = max(100, self.miner.depth()) + self.miner.max_positives
         ranked, sims = index.search(train_queries, depth, cfg.index.search_batch_size, cancel)
         table = dual = None
-        if cfg.negatives.mines_ann:
+        if self.miner.pool.mines_ann:
             table = self.miner.mine(step, index, train_queries, ranked, sims, self.previous,
                                     cancel, cfg.index.search_batch_size)
             ctx.store.put_bytes(TableId.ann(step).key, table.to_bytes())
-        if cfg.negatives.dual_weight > 0:
-            dual = mine_dual(step, cfg.negatives, ctx.dataset, self.train_ids, index,
-                             train_queries)
+        if self.dance.enabled:
+            dual = self.dance.mine(step, ctx.dataset, self.train_ids, index, train_queries)
             ctx.store.put_bytes(TableId.dual(step).key, dual.to_bytes())
         diagnostics = self.diagnostics.compute(ranked, self.previous, table)
         return table, dual, diagnostics

@@ -1,85 +1,91 @@
-"""Turning retrieval results into training negatives, for every configured strategy.
+"""The indexer's mining machinery shared by the strategies (each strategy's own part lives in
+its module under :mod:`ance_train.negatives.strategies`).
 
-``Miner.mine`` runs at each refresh for the ANN pools (``ann``: ANCE; ``tele``: ANCE-Tele),
-with uniform or SimANS sampling; ``bm25_negatives`` runs once at start-up for the BM25 pools
-and the BM25 warm-up; ``mine_dual`` gives DANCE's negative queries. The formulas themselves
-live in :mod:`.strategies`.
+At each refresh :meth:`Miner.mine` turns the ANN search results of the training queries into
+candidates: the positives removed, the positive-aware filter applied
+(``negatives.max_positive_ratio``), one positive ``d̃⁺`` drawn per query as the anchor, and
+the configured sampling strategy's probabilities; the configured pool strategy then makes
+its table of them (ANCE keeps them, ANCE-Tele mixes in momentum and lookahead negatives).
 """
 
 from __future__ import annotations
 
-import bm25s
-import faiss
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ance_train.config import NegativesConfig
-from ance_train.data.corpus import Corpus
 from ance_train.data.dataset import DatasetIndex
 from ance_train.index.ann import AnnIndex
-from ance_train.negatives.strategies import (
-    align_rows,
-    drop_near_positive,
-    dual_query_negatives,
-    first_seen,
-    keep_previous_rows,
-    merge_remined,
-    mix_rows,
-    simans_probabilities,
-)
-from ance_train.negatives.table import (
-    PAD,
-    SOURCE_CODE,
-    NegativesTable,
-    remove_positives,
-    uniform_probabilities,
-)
+from ance_train.negatives.strategies.base import AnnRefresh
+from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable, remove_positives
+
+if TYPE_CHECKING:
+    from ance_train.config import NegativesConfig
 
 
 def positives_of(dataset: DatasetIndex, query_ids: list[str]) -> list[set[int]]:
     return [set(dataset.positives(q)) for q in query_ids]
 
 
-def ance_negatives(
-    step: int, query_ids: list[str], ranked: np.ndarray, scores: np.ndarray,
-    positives: list[set[int]], positive_scores: np.ndarray, top_k: int,
-) -> NegativesTable:
-    """ANCE: the top-K minus the positives, sampled uniformly (ANCE §4, §5: K = 200)."""
-    candidates, candidate_scores = remove_positives(ranked, scores, positives, top_k)
-    return NegativesTable(
-        step=step, query_ids=np.array(query_ids), candidates=candidates,
-        scores=candidate_scores, positive_scores=positive_scores.astype(np.float32),
-        probabilities=uniform_probabilities(candidates),
-        sources=np.where(candidates != PAD, SOURCE_CODE["ann"], -1).astype(np.int8),
-    )
+def drop_near_positive(candidates: np.ndarray, sims: np.ndarray, positive_sims: np.ndarray,
+                       ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """Positive-aware false-negative filter: keep a candidate only if its similarity is at most
+    ``ratio × s(q, d⁺)``; each row's survivors move to the front, in their original order.
+
+    Unlabelled relevant documents score like the positive, so the candidates closest to (or
+    above) it are the likeliest false negatives (NV-Retriever's TopK-PercPos uses 0.95).
+    """
+    keep = (candidates != PAD) & (sims <= ratio * positive_sims[:, None])
+    order = np.argsort(~keep, axis=1, kind="stable")  # kept first, original order within
+    kept = np.take_along_axis(keep, order, axis=1)
+    out_ids = np.where(kept, np.take_along_axis(candidates, order, axis=1), PAD)
+    out_sims = np.where(kept, np.take_along_axis(sims, order, axis=1), 0.0)
+    return out_ids.astype(np.int64), out_sims.astype(sims.dtype)
 
 
-def bm25_negatives(corpus: Corpus, dataset: DatasetIndex, query_ids: list[str],
-                   top_k: int, chunk: int = 10000) -> NegativesTable:
-    """BM25 (bm25s) top-``top_k`` minus the positives (ANCE Table 1 "BM25 Neg": top 100)."""
-    texts: list[str] = []
-    for start in range(0, len(corpus), chunk):
-        texts.extend(text for _, text in corpus.iter_range(start, min(start + chunk, len(corpus))))
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
-                    show_progress=False)
-    del texts
-    positives = positives_of(dataset, query_ids)
-    depth = min(len(corpus), top_k + max(len(p) for p in positives))
-    query_tokens = bm25s.tokenize([dataset.queries[q] for q in query_ids], stopwords="en",
-                                  show_progress=False)
-    ranked, scores = retriever.retrieve(query_tokens, k=depth, show_progress=False, n_threads=1)
-    table = ance_negatives(-1, query_ids, ranked.astype(np.int64), scores.astype(np.float32),
-                           positives, np.zeros(len(query_ids), np.float32), top_k)
-    table.sources[table.candidates != PAD] = SOURCE_CODE["bm25"]
-    return table
+def align_rows(previous: NegativesTable, query_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The previous table's candidates/probabilities re-ordered to ``query_ids`` (PAD if absent)."""
+    width = previous.candidates.shape[1]
+    candidates = np.full((len(query_ids), width), PAD, dtype=np.int64)
+    probabilities = np.zeros((len(query_ids), width), dtype=np.float32)
+    for row, qid in enumerate(query_ids):
+        old = previous.row(qid)
+        if old is not None:
+            candidates[row] = previous.candidates[old]
+            probabilities[row] = previous.probabilities[old]
+    return candidates, probabilities
+
+
+def first_seen(candidates: np.ndarray, step: int, previous: NegativesTable | None,
+               query_ids: list[str]) -> np.ndarray:
+    """Step at which each candidate entered its row, carried over from the previous table
+    while the candidate stays in the row (ANCE-Tele Fig. 9 "first introduced" episodes)."""
+    seen = np.where(candidates != PAD, step, PAD).astype(np.int64)
+    if previous is None or previous.first_seen is None:
+        return seen
+    for row, qid in enumerate(query_ids):
+        old = previous.row(qid)
+        if old is None:
+            continue
+        earlier = {int(d): int(s) for d, s in zip(previous.candidates[old],
+                                                  previous.first_seen[old], strict=True)
+                   if d != PAD}
+        for column, doc in enumerate(candidates[row]):
+            if doc != PAD and int(doc) in earlier:
+                seen[row, column] = earlier[int(doc)]
+    return seen
 
 
 class Miner:
-    """ANN negatives of one refresh for the training queries (pools ``ann`` and ``tele``)."""
+    """ANN negatives of one refresh for the training queries, for the pools that mine them
+    (``PoolStrategy.mines_ann``), drawn by the configured sampling strategy."""
 
     def __init__(self, config: NegativesConfig, temperature: float, dataset: DatasetIndex,
                  train_ids: list[str], seed: int) -> None:
         self.config = config
+        self.pool = config.pool_strategy
+        self.sampling = config.sampling_strategy
         self.temperature = temperature
         self.train_ids = train_ids
         self.positives = positives_of(dataset, train_ids)
@@ -88,25 +94,22 @@ class Miner:
         self.seed = seed
 
     def depth(self) -> int:
-        """How deep the candidates go: SimANS samples from the top-k (k = 100), ANCE from K."""
-        cfg = self.config
-        return cfg.simans_top_k if cfg.sampling == "simans" else cfg.top_k
+        """How deep the candidates go: the sampling strategy's k (SimANS: its own top-k)."""
+        return self.sampling.depth()
 
-    def _probabilities(self, candidates: np.ndarray, scores: np.ndarray,
-                       positive_scores: np.ndarray) -> np.ndarray:
-        if self.config.sampling == "simans":
-            return simans_probabilities(scores, candidates, positive_scores,
-                                        self.config.simans_a, self.config.simans_b)
-        return uniform_probabilities(candidates)
+    def probabilities(self, candidates: np.ndarray, scores: np.ndarray,
+                      positive_scores: np.ndarray) -> np.ndarray:
+        return self.sampling.probabilities(candidates, scores, positive_scores)
 
-    def _scores(self, index: AnnIndex, queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    def scores(self, index: AnnIndex, queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """``s(q, d) = sim / temperature`` for each candidate (0 on padding)."""
         safe = np.where(candidates != PAD, candidates, 0)
         sims = index.scores(queries, safe)  # a block of rows at a time, never Q × K × dim
         return np.where(candidates != PAD, sims / self.temperature, 0.0).astype(np.float32)
 
     def mine(self, step: int, index: AnnIndex, queries: np.ndarray, ranked: np.ndarray,
-             sims: np.ndarray, previous: NegativesTable | None, should_stop=None,
+             sims: np.ndarray, previous: NegativesTable | None,
+             cancel: Callable[[], None] | None = None,
              search_batch: int = 1024) -> NegativesTable:
         """``queries``: training-query embeddings in ``train_ids`` order; ``ranked``/``sims``:
         their search results, at least ``depth() + max_positives`` deep."""
@@ -123,55 +126,24 @@ class Miner:
                 candidates, candidate_sims, positive_sims, cfg.max_positive_ratio)
         scores = np.where(candidates != PAD, candidate_sims / self.temperature, 0.0)
         positive_scores = (positive_sims / self.temperature).astype(np.float32)
-        probabilities = self._probabilities(candidates, scores, positive_scores)
-        sources = np.where(candidates != PAD, SOURCE_CODE["ann"], -1).astype(np.int8)
-
-        if cfg.pool == "tele":
-            candidates, probabilities, sources = self._teleport(
-                index, queries, anchor_vectors, candidates, probabilities, positive_scores,
-                previous, k, should_stop, search_batch)
-            scores = self._scores(index, queries, candidates)
-
-        table = NegativesTable(
-            step=step, query_ids=np.array(self.train_ids), candidates=candidates,
-            scores=scores.astype(np.float32), positive_scores=positive_scores,
-            probabilities=probabilities.astype(np.float32), sources=sources,
-            first_seen=first_seen(candidates, step, previous, self.train_ids))
-        if cfg.remine_fraction < 1.0 and previous is not None and previous.step >= 0:
-            remined = keep_previous_rows(table, previous, cfg.remine_fraction, rng)
-            merge_remined(table, previous, remined)
+        refresh = AnnRefresh(
+            step=step, index=index, queries=queries, anchor_vectors=anchor_vectors,
+            candidates=candidates, scores=scores, positive_scores=positive_scores,
+            probabilities=self.probabilities(candidates, scores, positive_scores),
+            sources=np.where(candidates != PAD, SOURCE_CODE["ann"], -1).astype(np.int8),
+            depth=k, previous=previous, rng=rng, cancel=cancel,
+            search_batch=search_batch)
+        table = self.pool.mine(self, refresh)
+        if table is None:
+            raise ValueError(f"negatives.pool {cfg.pool} does not mine ANN negatives")
         return table
 
-    def _teleport(self, index, queries, anchor_vectors, candidates, probabilities,
-                  positive_scores, previous, k, should_stop, search_batch):
-        """ANCE-Tele Eq. 4-6: current ANN ∪ α·momentum ∪ β·lookahead (ANN of d⁺)."""
-        cfg = self.config
-        # Lookahead: neighbours of the positive document, minus the positives themselves.
-        near, near_sims = index.search(anchor_vectors, k + self.max_positives, search_batch,
-                                       should_stop)
-        look, _ = remove_positives(near, near_sims, self.positives, k)
-        look_probs = self._probabilities(look, self._scores(index, queries, look),
-                                         positive_scores)
-        parts = [(candidates, probabilities, SOURCE_CODE["ann"], 1.0)]
-        if previous is not None and previous.step >= 0:  # Eq. 7: no momentum in episode 0
-            mom, mom_probs = align_rows(previous, self.train_ids)
-            parts.append((mom, mom_probs, SOURCE_CODE["momentum"], cfg.tele_momentum_weight))
-        parts.append((look, look_probs, SOURCE_CODE["lookahead"], cfg.tele_lookahead_weight))
-        return mix_rows(parts, cfg.tele_max_candidates)
+    def table(self, refresh: AnnRefresh) -> NegativesTable:
+        """The negatives table of a refresh's (possibly re-mixed) candidates."""
+        return NegativesTable(
+            step=refresh.step, query_ids=np.array(self.train_ids), candidates=refresh.candidates,
+            scores=refresh.scores.astype(np.float32), positive_scores=refresh.positive_scores,
+            probabilities=refresh.probabilities.astype(np.float32), sources=refresh.sources,
+            first_seen=first_seen(refresh.candidates, refresh.step, refresh.previous,
+                                  self.train_ids))
 
-
-def mine_dual(step: int, config: NegativesConfig, dataset: DatasetIndex, train_ids: list[str],
-              index: AnnIndex, train_queries: np.ndarray) -> NegativesTable:
-    """DANCE's negative queries: for each positive document, the nearest training queries
-    (embedding space of the current checkpoint) that do not have it as a positive."""
-    owners: dict[int, set[int]] = {}
-    for row, qid in enumerate(train_ids):
-        for doc in dataset.positives(qid):
-            owners.setdefault(doc, set()).add(row)
-    docs = sorted(owners)
-    query_index = faiss.IndexFlatIP(train_queries.shape[1])
-    query_index.add(np.ascontiguousarray(train_queries, dtype=np.float32))
-    depth = min(len(train_ids), config.dual_top_k + max(len(o) for o in owners.values()))
-    sims, ranked = query_index.search(np.ascontiguousarray(index.vectors(np.array(docs))), depth)
-    return dual_query_negatives(docs, ranked.astype(np.int64), sims, owners, config.dual_top_k,
-                                step)

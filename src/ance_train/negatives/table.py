@@ -30,6 +30,9 @@ class NegativesTable:
     probabilities: np.ndarray      # [Q, K] float32, rows sum to 1 over valid candidates
     sources: np.ndarray            # [Q, K] int8, index into SOURCES
     first_seen: np.ndarray | None = None  # [Q, K] int64 step at which a candidate entered the row
+    # When the candidates are queries, not documents (DANCE's negative queries): the query id
+    # each candidate index stands for, so readers never rely on a positional convention.
+    candidate_query_ids: np.ndarray | None = None  # [N] str
 
     def __post_init__(self) -> None:
         self._row = {str(qid): row for row, qid in enumerate(self.query_ids)}
@@ -83,10 +86,12 @@ class NegativesTable:
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
+        extra = ({} if self.candidate_query_ids is None
+                 else {"candidate_query_ids": self.candidate_query_ids.astype(str)})
         np.savez(buffer, step=np.int64(self.step), query_ids=self.query_ids.astype(str),
                  candidates=self.candidates, scores=self.scores,
                  positive_scores=self.positive_scores, probabilities=self.probabilities,
-                 sources=self.sources, first_seen=self.first_seen)
+                 sources=self.sources, first_seen=self.first_seen, **extra)
         return buffer.getvalue()
 
     @classmethod
@@ -96,7 +101,8 @@ class NegativesTable:
                        candidates=arrays["candidates"], scores=arrays["scores"],
                        positive_scores=arrays["positive_scores"],
                        probabilities=arrays["probabilities"], sources=arrays["sources"],
-                       first_seen=arrays.get("first_seen"))
+                       first_seen=arrays.get("first_seen"),
+                       candidate_query_ids=arrays.get("candidate_query_ids"))
 
 
 def source_counts(table: NegativesTable) -> dict[str, int]:

@@ -104,12 +104,16 @@ class BatchBuilder:
               per_positive: int) -> tuple[list[str], torch.Tensor | None]:
         """DANCE Eq. 10: for positive d_i, its query q_i against negative queries near d_i.
 
-        The dual table's rows are keyed by document index and its candidates are positions in
-        the sorted training-query list (the indexer's order, ``self.order``)."""
+        The dual table's rows are keyed by document index; its candidates stand for the query
+        ids it carries (``candidate_query_ids``)."""
         if dual is None:
             return [], None
+        if dual.candidate_query_ids is None:
+            raise ValueError(f"the DANCE table of step {dual.step} names no candidate queries "
+                             "(candidate_query_ids): it was written by an older version")
         drawn = dual.sample_many([str(doc) for doc in positives], per_positive, self.rng)
-        texts = [self.queries[self.order[row]] for rows in drawn for row in rows]
+        names = dual.candidate_query_ids
+        texts = [self.queries[str(names[c])] for picked in drawn for c in picked]
         allowed = torch.zeros(len(qids), len(qids) + len(texts), dtype=torch.bool)
         column = len(qids)
         for i, rows in enumerate(drawn):

@@ -28,6 +28,7 @@ from transformers import get_linear_schedule_with_warmup
 from ance_train.infra.bus import WorkQueue
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.modeling.precision import autocast_context
+from ance_train.negatives.strategies.random import RandomNegatives
 from ance_train.observability.telemetry import TrainerTelemetry
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
@@ -35,7 +36,7 @@ from ance_train.runtime import ServiceContext
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
 from ance_train.trainer.loss import contrastive_nll, layer_grad_norms
-from ance_train.trainer.negative_sources import NegativesPicker, RandomNegatives
+from ance_train.trainer.negative_sources import NegativesPicker
 from ance_train.trainer.negatives_feed import NegativesFeed
 from ance_train.trainer.training_state import (
     NegativesInUse,
@@ -99,6 +100,7 @@ class Trainer:
         self.picker = NegativesPicker(
             cfg.negatives, self.feed,
             RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
+        self.dance = cfg.negatives.strategy("dance")  # DANCE's dual loss (off at weight 0)
         self.record = TrainingRecord()
         self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps)
         self.step = 0
@@ -151,14 +153,14 @@ class Trainer:
         if self._resume_state is not None:
             restore_rng(self._resume_state.rng)  # last: nothing may draw before the loop
         self.first_step = self.step + 1
-        dual_weight = cfg.negatives.dual_weight
+        dual_weight = self.dance.weight
         while self.step < cfg.training.steps and not ctx.stop.is_set():
             self.feed.check()
             self.step += 1
             started = time.monotonic()
             source, table_step = self.picker.pick(self.step)
-            dual = self.feed.dual if dual_weight > 0 else None
-            batch = self.batches.build(source, dual, cfg.negatives.dual_per_positive)
+            dual = self.dance.source(self.feed)
+            batch = self.batches.build(source, dual, self.dance.per_positive)
             negatives_ms = (time.monotonic() - started) * 1000
             if table_step is not None and table_step != self.in_use_step:
                 self.record.swaps.append({"step": self.step, "negatives_step": table_step})

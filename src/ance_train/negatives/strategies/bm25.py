@@ -1,0 +1,90 @@
+"""BM25 negatives: lexical hard negatives, fixed for the whole run.
+
+Paper: Vladimir Karpukhin, Barlas Oğuz, Sewon Min, Patrick Lewis, Ledell Wu, Sergey Edunov,
+Danqi Chen, Wen-tau Yih. "Dense Passage Retrieval for Open-Domain Question Answering". EMNLP
+2020. arXiv:2004.04906.
+
+DPR §3.2 ("Positive and negative passages": top BM25 passages that are not positives) as
+ANCE (arXiv:2007.00808) runs it as the "BM25 Neg" baseline of its Table 1: negatives drawn
+uniformly from the BM25 top 100 (``negatives.bm25.top_k``) minus the positives, trained with the NLL
+loss of DPR Eq. 2,
+
+    L(q, p⁺, p⁻_1..n) = −log( e^{sim(q, p⁺)} / (e^{sim(q, p⁺)} + Σ_j e^{sim(q, p⁻_j)}) ).
+
+The indexer builds the table once at start-up with bm25s (:func:`bm25_negatives`); the
+same table serves the BM25 warm-up of the other pools ("BM25 → X", ANCE Table 1) and the
+``bm25_random`` pool.
+
+Pool ``bm25`` (:class:`Bm25Pool`).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar
+
+import bm25s
+import numpy as np
+from pydantic import Field
+
+from ance_train.negatives.mining import positives_of
+from ance_train.negatives.strategies.ance import ance_negatives
+from ance_train.negatives.strategies.base import (
+    NegativeSource,
+    PoolStrategy,
+    StrategySettings,
+    TableHolder,
+)
+from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable
+
+if TYPE_CHECKING:
+    from ance_train.config import RunConfig
+    from ance_train.data.dataset import Corpus, DatasetIndex
+    from ance_train.negatives.strategies.random import RandomNegatives
+
+
+class Bm25Settings(StrategySettings):
+    """``negatives.bm25``: how deep the BM25 table goes (also for the BM25 warm-up)."""
+
+    top_k: int = Field(100, ge=1, description="ANCE Table 1 BM25 negatives: top 100.")
+
+
+def bm25_negatives(corpus: Corpus, dataset: DatasetIndex, query_ids: list[str],
+                   top_k: int, chunk: int = 10000) -> NegativesTable:
+    """BM25 (bm25s) top-``top_k`` minus the positives (ANCE Table 1 "BM25 Neg": top 100)."""
+    texts: list[str] = []
+    for start in range(0, len(corpus), chunk):
+        texts.extend(text for _, text in corpus.iter_range(start, min(start + chunk, len(corpus))))
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
+                    show_progress=False)
+    del texts
+    positives = positives_of(dataset, query_ids)
+    depth = min(len(corpus), top_k + max(len(p) for p in positives))
+    query_tokens = bm25s.tokenize([dataset.queries[q] for q in query_ids], stopwords="en",
+                                  show_progress=False)
+    ranked, scores = retriever.retrieve(query_tokens, k=depth, show_progress=False, n_threads=1)
+    table = ance_negatives(-1, query_ids, ranked.astype(np.int64), scores.astype(np.float32),
+                           positives, np.zeros(len(query_ids), np.float32), top_k)
+    table.sources[table.candidates != PAD] = SOURCE_CODE["bm25"]
+    return table
+
+
+class Bm25Pool(PoolStrategy):
+    """Pool ``bm25``: the BM25 table throughout."""
+
+    name: ClassVar[str] = "bm25"
+    needs_table: ClassVar[bool] = True
+    uses_bm25: ClassVar[bool] = True
+    settings_model = Bm25Settings
+    legacy_keys = MappingProxyType({"bm25_top_k": "top_k"})
+
+    def check(self, run: RunConfig) -> None:
+        if run.negatives.warmup_steps:
+            raise ValueError("negatives.warmup_steps: pool bm25 is BM25 throughout; a BM25 "
+                             "warm-up goes before another pool (BM25 → X)")
+
+    def source(self, tables: TableHolder,
+               random: RandomNegatives) -> tuple[NegativeSource | None, int | None]:
+        bm25 = tables.bm25
+        return (bm25, -1) if bm25 is not None else (None, None)
