@@ -35,6 +35,7 @@ from ance_train.negatives.table import (
     source_counts,
     uniform_probabilities,
 )
+from ance_train.protocol.tables import TableId
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.loss import contrastive_nll, layer_grad_norms
 from ance_train.trainer.negative_sources import NegativesPicker
@@ -720,21 +721,21 @@ def test_negatives_picker_warmup_and_pools() -> None:
                              holder, random)
     for step in (1, 5, 10):
         source, table_step = picker.pick(step)
-        assert source is bm25 and table_step == -1, step
+        assert source is bm25 and table_step == TableId.bm25(), step
     for step in (11, 12, 500):
         source, table_step = picker.pick(step)
-        assert source is ann and table_step == 30, step
+        assert source is ann and table_step == TableId.ann(30), step
 
     holder0 = SimpleNamespace(bm25=bm25, ann=None)
     picker0 = NegativesPicker(NegativesConfig(pool="ann", warmup="bm25", warmup_steps=0),
                               holder0, random)
     for step in (1, 50, 5000):
         source, table_step = picker0.pick(step)
-        assert source is bm25 and table_step == -1, step
+        assert source is bm25 and table_step == TableId.bm25(), step
     holder0.ann = ann
     for step in (1, 50):
         source, table_step = picker0.pick(step)
-        assert source is ann and table_step == 30
+        assert source is ann and table_step == TableId.ann(30)
 
     in_batch = NegativesPicker(NegativesConfig(pool="in_batch"), holder, random)
     assert in_batch.pick(1) == (None, None) and in_batch.pick(99) == (None, None)
@@ -750,7 +751,7 @@ def test_negatives_picker_warmup_and_pools() -> None:
     assert warm_random.needs_wait() and not warm_random.ready()
     warm_random.tables.bm25 = bm25
     assert warm_random.ready()
-    assert [warm_random.pick(s)[1] for s in (1, 5)] == [-1, -1]
+    assert [warm_random.pick(s)[1] for s in (1, 5)] == [TableId.bm25(), TableId.bm25()]
     assert warm_random.pick(6) == (random, None)
     warm_in_batch = NegativesPicker(
         NegativesConfig(pool="in_batch", warmup="bm25", warmup_steps=3), holder, random)
@@ -771,7 +772,7 @@ def test_dpr_warmup_mixes_bm25_and_random_then_switches_to_ann() -> None:
     holder.bm25 = bm25
     assert picker.ready()
     source, table_step = picker.pick(1)
-    assert isinstance(source, MixedNegatives) and table_step == -1
+    assert isinstance(source, MixedNegatives) and table_step == TableId.bm25()
     assert source.first is bm25 and source.second is random and source.share == 0.5
     rng = np.random.default_rng(0)
     drawn = [d for _ in range(2000) for d in source.sample("q", 1, rng)]
@@ -779,9 +780,9 @@ def test_dpr_warmup_mixes_bm25_and_random_then_switches_to_ann() -> None:
     assert abs(from_bm25 - 1000) <= 5 * math.sqrt(500), from_bm25
     assert 0 not in drawn  # the positive is never a negative
     # Past warmup_steps an ANN pool keeps warming up until its first table is there.
-    assert isinstance(picker.pick(11)[0], MixedNegatives) and picker.pick(11)[1] == -1
+    assert isinstance(picker.pick(11)[0], MixedNegatives) and picker.pick(11)[1] == TableId.bm25()
     holder.ann = ann
-    assert picker.pick(10)[1] == -1 and picker.pick(11) == (ann, 30)
+    assert picker.pick(10)[1] == TableId.bm25() and picker.pick(11) == (ann, TableId.ann(30))
 
 
 # --------------------------------------------------------------------------- 6. Diagnostics

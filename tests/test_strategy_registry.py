@@ -29,6 +29,7 @@ from ance_train.negatives.strategies.base import (
 )
 from ance_train.negatives.strategies.random import RandomNegatives
 from ance_train.negatives.table import PAD, uniform_probabilities
+from ance_train.protocol.tables import TableId
 from ance_train.trainer.negative_sources import NegativesPicker
 
 POOLS = ["in_batch", "random", "bm25", "bm25_random", "ann", "tele"]
@@ -176,4 +177,4 @@ def test_an_eighth_strategy_works_from_its_class_and_one_registration(
     picker = NegativesPicker(neg, holder, RandomNegatives(len(docs), {}))
     assert picker.needs_wait() and not picker.ready()
     holder.ann = table
-    assert picker.pick(1) == (table, 5)
+    assert picker.pick(1) == (table, TableId.ann(5))

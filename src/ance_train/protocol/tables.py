@@ -53,6 +53,12 @@ class TableId(BaseModel):
         return f"{self.step}" if self.kind is TableKind.ANN else f"{self.step}-dual"
 
     @property
+    def reported_step(self) -> int:
+        """The step by which summaries, metrics and the AnceRun report the table in use: its
+        checkpoint, and −1 for BM25 (``ance_trainer_negatives_step``, ``summary.json``)."""
+        return -1 if self.step is None else self.step
+
+    @property
     def key(self) -> str:
         from ance_train.protocol.keys import negatives_table
 

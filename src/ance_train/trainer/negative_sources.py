@@ -12,6 +12,7 @@ from __future__ import annotations
 from ance_train.config import NegativesConfig
 from ance_train.negatives.strategies.base import NegativeSource, TableHolder
 from ance_train.negatives.strategies.random import RandomNegatives
+from ance_train.protocol.tables import TableId
 
 __all__ = ["NegativeSource", "NegativesPicker", "TableHolder"]
 
@@ -38,14 +39,14 @@ class NegativesPicker:
         return step <= self.config.warmup_steps or (self.pool.mines_ann
                                                      and self.tables.ann is None)
 
-    def pick(self, step: int) -> tuple[NegativeSource | None, int | None]:
-        """The source for ``step`` and the step of the table it comes from (-1: BM25)."""
+    def pick(self, step: int) -> tuple[NegativeSource | None, TableId | None]:
+        """The source for ``step`` and the table it comes from (None: not a table)."""
         if self.config.per_query == 0:
             return None, None
         if self._warming(step):
-            source, table_step = self.warmup.source(self.tables, self.random)
+            source, table = self.warmup.source(self.tables, self.random)
             if source is not None:
-                return source, table_step
+                return source, table
         return self.pool.source(self.tables, self.random)
 
     def needs_wait(self) -> bool:

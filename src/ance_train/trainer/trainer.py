@@ -158,7 +158,8 @@ class Trainer:
             self.feed.check()
             self.step += 1
             started = time.monotonic()
-            source, table_step = self.picker.pick(self.step)
+            source, table = self.picker.pick(self.step)
+            table_step = None if table is None else table.reported_step
             dual = self.dance.source(self.feed)
             batch = self.batches.build(source, dual, self.dance.per_positive)
             negatives_ms = (time.monotonic() - started) * 1000
@@ -166,7 +167,8 @@ class Trainer:
                 self.record.swaps.append({"step": self.step, "negatives_step": table_step})
                 self.in_use_step = table_step
             loss, dual_loss = self._optimise(batch, dual_weight)
-            gap = None if table_step is None or table_step < 0 else self.step - table_step
+            # Async gap: steps since the checkpoint that mined the table in use (ANN only).
+            gap = None if table is None or table.step is None else self.step - table.step
             self.record.dual_losses.append(dual_loss)
             self.record.hard_negatives.append(batch.hard_negatives)
             self._log_step(loss, gap, table_step, negatives_ms, time.monotonic() - started)

@@ -40,6 +40,7 @@ from ance_train.negatives.table import (
     remove_positives,
     uniform_probabilities,
 )
+from ance_train.protocol.tables import TableId
 
 if TYPE_CHECKING:
     from ance_train.config import RunConfig
@@ -114,9 +115,9 @@ class AnnPool(PoolStrategy):
         return table
 
     def source(self, tables: TableHolder,
-               random: RandomNegatives) -> tuple[NegativeSource | None, int | None]:
+               random: RandomNegatives) -> tuple[NegativeSource | None, TableId | None]:
         ann = tables.ann
-        return (ann, ann.step) if ann is not None else (None, None)
+        return (ann, TableId.ann(ann.step)) if ann is not None else (None, None)
 
 
 class UniformSampling(SamplingStrategy):

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from ance_train.index.ann import AnnIndex
     from ance_train.negatives.mining import Miner
     from ance_train.negatives.strategies.random import RandomNegatives
-    from ance_train.negatives.table import NegativesTable
+    from ance_train.protocol.tables import TableId
+from ance_train.negatives.table import NegativesTable
 
 Role = Literal["pool", "sampling", "loss"]
 
@@ -140,10 +141,10 @@ class PoolStrategy(NegativeStrategy):
         return None
 
     def source(self, tables: TableHolder,
-               random: RandomNegatives) -> tuple[NegativeSource | None, int | None]:
-        """Trainer side, at each step: the source of the step's hard negatives and the step of
-        the table it comes from (-1: BM25, None: no table), or ``(None, None)`` if there is
-        none (yet)."""
+               random: RandomNegatives) -> tuple[NegativeSource | None, TableId | None]:
+        """Trainer side, at each step: the source of the step's hard negatives and the table
+        it comes from (None when it is no table: random, in-batch), or ``(None, None)`` if
+        there is none (yet)."""
         raise NotImplementedError
 
 

@@ -36,6 +36,7 @@ from ance_train.negatives.strategies.base import (
     TableHolder,
 )
 from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable
+from ance_train.protocol.tables import TableId
 
 if TYPE_CHECKING:
     from ance_train.config import RunConfig
@@ -85,6 +86,6 @@ class Bm25Pool(PoolStrategy):
                              "warm-up goes before another pool (BM25 → X)")
 
     def source(self, tables: TableHolder,
-               random: RandomNegatives) -> tuple[NegativeSource | None, int | None]:
+               random: RandomNegatives) -> tuple[NegativeSource | None, TableId | None]:
         bm25 = tables.bm25
-        return (bm25, -1) if bm25 is not None else (None, None)
+        return (bm25, TableId.bm25()) if bm25 is not None else (None, None)

@@ -27,6 +27,7 @@ from ance_train.negatives.strategies.base import (
     TableHolder,
 )
 from ance_train.negatives.strategies.random import RandomNegatives
+from ance_train.protocol.tables import TableId
 
 
 class MixedNegatives(PerQuerySource):
@@ -54,7 +55,7 @@ class Bm25RandomPool(PoolStrategy):
     uses_bm25: ClassVar[bool] = True
 
     def source(self, tables: TableHolder,
-               random: RandomNegatives) -> tuple[NegativeSource | None, int | None]:
+               random: RandomNegatives) -> tuple[NegativeSource | None, TableId | None]:
         if tables.bm25 is None:
             return None, None
-        return MixedNegatives(tables.bm25, random), -1
+        return MixedNegatives(tables.bm25, random), TableId.bm25()

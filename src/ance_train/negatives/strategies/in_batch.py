@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from ance_train.negatives.strategies.base import NegativeSource, PoolStrategy, TableHolder
+from ance_train.protocol.tables import TableId
 
 if TYPE_CHECKING:
     from ance_train.negatives.strategies.random import RandomNegatives
@@ -31,5 +32,5 @@ class InBatchPool(PoolStrategy):
     hard_negatives: ClassVar[bool] = False
 
     def source(self, tables: TableHolder,
-               random: RandomNegatives) -> tuple[NegativeSource | None, int | None]:
+               random: RandomNegatives) -> tuple[NegativeSource | None, TableId | None]:
         return None, None

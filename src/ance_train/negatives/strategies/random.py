@@ -25,6 +25,7 @@ from ance_train.negatives.strategies.base import (
     PoolStrategy,
     TableHolder,
 )
+from ance_train.protocol.tables import TableId
 
 
 class RandomNegatives(PerQuerySource):
@@ -51,5 +52,5 @@ class RandomPool(PoolStrategy):
     name: ClassVar[str] = "random"
 
     def source(self, tables: TableHolder,
-               random: RandomNegatives) -> tuple[NegativeSource | None, int | None]:
+               random: RandomNegatives) -> tuple[NegativeSource | None, TableId | None]:
         return random, None
