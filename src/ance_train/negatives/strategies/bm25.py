@@ -40,7 +40,8 @@ from ance_train.protocol.tables import TableId
 
 if TYPE_CHECKING:
     from ance_train.config import RunConfig
-    from ance_train.data.dataset import Corpus, DatasetIndex
+    from ance_train.data.corpus import Corpus
+    from ance_train.data.dataset import DatasetIndex
     from ance_train.negatives.strategies.random import RandomNegatives
 
 
