@@ -391,6 +391,44 @@ class ServicesConfig(_Strict):
     inferencer_base_port: int = Field(0, ge=0, le=65535)
 
 
+# Trackers besides TensorBoard, each with the package it needs (``ance-train[tracking]``).
+TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
+
+
+class TrackingConfig(_Strict):
+    """Run tracking, like the Hugging Face Trainer's ``report_to``.
+
+    ``tensorboard`` writes event files (``torch.utils.tensorboard``): the embedded mode under
+    the run directory (``runs/<run_id>/tensorboard/<role>``), a cluster run into the object
+    store under the run (``tensorboard/<role>/``, uploaded every ``upload_every_s`` and at
+    the end), or directly under ``logdir`` when given (a mounted volume). ``wandb`` and
+    ``mlflow`` log the same scalars when their package is installed; they read their settings
+    (project, tracking URI, credentials) from the environment as those libraries do.
+    """
+
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Where scalars go; [] turns tracking off.")
+    logdir: str | None = Field(
+        None, description="Write TensorBoard files under <logdir>/<role> (no store upload).")
+    upload_every_s: float = Field(
+        60.0, gt=0.0, description="Store-backed TensorBoard: seconds between uploads.")
+
+    @field_validator("report_to")
+    @classmethod
+    def _packages_installed(cls, value: list[str]) -> list[str]:
+        import importlib.util
+
+        for tracker in dict.fromkeys(value):
+            package = TRACKER_PACKAGES.get(tracker)
+            if package is not None and importlib.util.find_spec(package) is None:
+                raise ValueError(
+                    f"report_to lists {tracker} but the {package!r} package is not installed: "
+                    f"pip install 'ance-train[tracking]' (or pip install {package}), or remove "
+                    f"{tracker} from tracking.report_to")
+        return list(dict.fromkeys(value))
+
+
 class RunConfig(_Strict):
     """One training run."""
 
@@ -403,6 +441,7 @@ class RunConfig(_Strict):
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)
     services: ServicesConfig = Field(default_factory=ServicesConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
@@ -460,8 +499,9 @@ def parse_config(raw: dict, source: str = "<dict>") -> RunConfig:
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate a YAML run configuration.
 
-    Relative ``data.path`` / ``model.path`` / ``output_dir`` (default ``runs``) are resolved
-    against the directory of the file, so a config works from any working directory.
+    Relative ``data.path`` / ``model.path`` / ``output_dir`` (default ``runs``) /
+    ``tracking.logdir`` are resolved against the directory of the file, so a config works
+    from any working directory.
     """
     path = Path(path)
     try:
@@ -481,6 +521,9 @@ def load_config(path: str | Path) -> RunConfig:
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("path"), str):
         model["path"] = str((base / model["path"]).resolve())
+    tracking = raw.get("tracking")
+    if isinstance(tracking, dict) and isinstance(tracking.get("logdir"), str):
+        tracking["logdir"] = str((base / tracking["logdir"]).resolve())
     output_dir = raw.get("output_dir", RunConfig.model_fields["output_dir"].default)
     if isinstance(output_dir, str):
         raw["output_dir"] = str((base / output_dir).resolve())

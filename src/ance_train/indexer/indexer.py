@@ -35,6 +35,7 @@ from ance_train.negatives.mining import Miner, positives_of
 from ance_train.negatives.strategies.bm25 import bm25_negatives
 from ance_train.negatives.table import NegativesTable
 from ance_train.observability.telemetry import IndexerTelemetry
+from ance_train.observability.tracking import flatten, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.events import (
@@ -90,6 +91,7 @@ class Indexer:
         self.search = SearchService(ctx.corpus, self.models, ctx.config.model.max_query_length)
         self._last_poll = 0.0
         self.telemetry = IndexerTelemetry(ctx.reporter)
+        self.tracking = open_tracking(cfg, "indexer", ctx.store, ctx.work_dir)
         self.work_queue = WorkQueue(ctx.bus, ctx.config.inference.claim_timeout_s)
 
     # -- event handling ---------------------------------------------------------------------
@@ -166,6 +168,12 @@ class Indexer:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.tracking.close()
+
+    def _run(self) -> None:
         ctx = self.ctx
         self.recover()
         if ctx.config.negatives.uses_bm25:
@@ -265,7 +273,9 @@ class Indexer:
         eval_id = ctx.bus.publish(EvalCompleted(step=step, key=keys.eval_report(step),
                                                 metrics=metrics, timings=timings,
                                                 diagnostics=diagnostics))
-        self.telemetry.refreshed(step, self._refresh_seconds(step, ready_id or eval_id), metrics)
+        refresh_s = self._refresh_seconds(step, ready_id or eval_id)
+        self.telemetry.refreshed(step, refresh_s, metrics)
+        self._track(step, refresh_s, timings, metrics, diagnostics)
         flat = {f"{split}/{name}": value for split, values in metrics.items()
                 for name, value in values.items()}
         ctx.state.update(state="idle", phase="waiting for shards", index_step=step, metrics=flat)
@@ -274,6 +284,20 @@ class Indexer:
             self.plans.pop(old, None)
             self.received.pop(old, None)
             self.published_at.pop(old, None)
+
+    def _track(self, step: int, refresh_s: float | None, timings: dict, metrics: dict,
+               diagnostics: dict) -> None:
+        """The refresh's scalars at global step = its checkpoint step: the refresh period
+        (checkpoint published → negatives ready) and its parts, the metrics per split and
+        the diagnostics (overlap, forgetting rate, composition)."""
+        scalars = flatten(timings, "refresh/")
+        if refresh_s is not None:
+            scalars["refresh/period_s"] = refresh_s
+        scalars.update(flatten(metrics, "eval/"))
+        scalars.update(flatten({k: v for k, v in diagnostics.items()
+                                if k != "overlap_source_step"}, "diagnostics/"))
+        self.tracking.scalars(step, scalars)
+        self.tracking.flush()
 
     def _refresh_seconds(self, step: int, done_entry_id: str) -> float | None:
         """Checkpoint published → its negatives ready, both by the Redis server's clock."""

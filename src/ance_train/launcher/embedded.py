@@ -33,6 +33,7 @@ from ance_train.launcher.ports import free_port
 from ance_train.launcher.process import die_with_parent
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.modeling.model import check_encoder
+from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
 from ance_train.protocol import keys
 from ance_train.protocol.events import EvalCompleted, RunFinished
 from ance_train.runtime import publish_dataset
@@ -118,6 +119,8 @@ class EmbeddedRun:
         self.env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         if "ANCE_S3_ENDPOINT" not in self.env:
             self.env["ANCE_STORE_DIR"] = str(self.store_dir)
+        # TensorBoard files go straight into the run directory (tracking.logdir wins).
+        self.env[TENSORBOARD_DIR_VAR] = str((self.run_dir / "tensorboard").resolve())
         self.store = store_from_env(self.config.run_id, str(self.store_dir))
         publish_dataset(self.store, self.run_dir / "cache")
         # The private Redis takes ANCE_REDIS_PASSWORD when the shell has one, so that the
@@ -306,3 +309,4 @@ def print_summary(result: RunResult, run_dir: Path) -> None:
             console.print(f"{split} nDCG@10: zero-shot {first['metrics'][split]['ndcg@10']:.4f} "
                           f"→ final {last['metrics'][split]['ndcg@10']:.4f}")
     console.print(f"checkpoints, negatives and metrics under {run_dir}")
+    console.print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")

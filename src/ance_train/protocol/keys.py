@@ -21,6 +21,9 @@ DATASET_INDEX = f"data/{DATASET_INDEX_FILE}"
 DOC_OFFSETS = f"data/{DOC_OFFSETS_FILE}"
 # The trainer's record of the run (losses, async gaps, swaps), written at the end.
 TRAINER_SUMMARY = "trainer/summary.json"
+# The run configuration as the trainer read it (what `ance-train export` puts in the card).
+RUN_CONFIG = "config.yaml"
+TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
 
 
@@ -51,8 +54,26 @@ def negatives_table(table: TableId) -> str:
     return f"negatives/{table.name}.npz"
 
 
+EVAL_REPORTS = "eval"
+
+
 def eval_report(step: int) -> str:
-    return f"eval/{int(step)}.json"
+    return f"{EVAL_REPORTS}/{int(step)}.json"
+
+
+def eval_report_step(key: str) -> int | None:
+    """The step of an ``eval/<step>.json`` key, or None for any other key."""
+    parts = key.split("/")
+    if len(parts) == 2 and parts[0] == EVAL_REPORTS and parts[1].endswith(".json"):
+        stem = parts[1][: -len(".json")]
+        return int(stem) if stem.isdigit() else None
+    return None
+
+
+def tensorboard_file(role: str, name: str) -> str:
+    """A TensorBoard event file of ``role`` (``tensorboard/<role>/<file>``), so that
+    ``tensorboard --logdir s3://<bucket>/<run_id>/tensorboard`` shows every role."""
+    return f"{TENSORBOARD}/{role}/{name}"
 
 
 # -- Redis ----------------------------------------------------------------------------------

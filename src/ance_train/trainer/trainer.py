@@ -25,11 +25,13 @@ from pathlib import Path
 import torch
 from transformers import get_linear_schedule_with_warmup
 
+from ance_train.config import dump_config
 from ance_train.infra.bus import WorkQueue
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.modeling.precision import autocast_context
 from ance_train.negatives.strategies.random import RandomNegatives
 from ance_train.observability.telemetry import TrainerTelemetry
+from ance_train.observability.tracking import open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
 from ance_train.runtime import ServiceContext
@@ -103,6 +105,7 @@ class Trainer:
         self.dance = cfg.negatives.strategy("dance")  # DANCE's dual loss (off at weight 0)
         self.record = TrainingRecord()
         self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps)
+        self.tracking = open_tracking(cfg, "trainer", ctx.store, ctx.work_dir)
         self.step = 0
         self.in_use_step: int | None = None  # step of the negatives table the last step used
         self.first_step = 1  # the first step this process runs (logged)
@@ -127,7 +130,14 @@ class Trainer:
                      if r.event.step == self.step), None)
 
     def run(self) -> TrainingRecord:
+        try:
+            return self._run()
+        finally:
+            self.tracking.close()
+
+    def _run(self) -> TrainingRecord:
         ctx, cfg = self.ctx, self.cfg
+        ctx.store.put_bytes(keys.RUN_CONFIG, dump_config(cfg).encode())
         self.telemetry.started()
         ctx.state.update(state="running", phase=f"checkpoint {self.step}",
                          total=cfg.training.steps, step=self.step, done=self.step)
@@ -237,8 +247,29 @@ class Trainer:
                               index_step=-1 if negatives_step is None else negatives_step,
                               metrics=metrics)
         self.telemetry.step(self.step, loss, negatives_step, gap)
+        self._track(metrics, negatives_step)
         if self.step % 10 == 0 or self.step in (1, self.first_step):
             self.ctx.log.info("step %d loss %.4f gap %s (%.2fs)", self.step, loss, gap, seconds)
+
+    def _track(self, metrics: dict, negatives_step: int | None) -> None:
+        """The step's scalars for TensorBoard / W&B / MLflow (queued, never waited on)."""
+        rec = self.record
+        scalars = {"train/loss": metrics["loss"],
+                   "train/learning_rate": metrics["learning_rate"],
+                   "time/step_seconds": metrics["step_seconds"],
+                   "time/negatives_ms": metrics["negatives_ms"]}
+        if rec.dual_losses and rec.dual_losses[-1] is not None:
+            scalars["train/dual_loss"] = rec.dual_losses[-1]
+        if "async_gap" in metrics:
+            scalars["negatives/async_gap"] = metrics["async_gap"]
+        if negatives_step is not None:
+            scalars["negatives/step"] = negatives_step  # -1: BM25
+            if rec.swaps:  # steps trained on the table in use since it was swapped in
+                scalars["negatives/age_steps"] = self.step - rec.swaps[-1]["step"]
+        if rec.grad_norms and rec.grad_norms[-1]["step"] == self.step:
+            scalars.update({f"grad_norm/{layer}": norm for layer, norm
+                            in rec.grad_norms[-1].items() if layer != "step"})
+        self.tracking.scalars(self.step, scalars)
 
     def _checkpoint(self, step: int) -> None:
         self.record.checkpoints.append(step)
@@ -256,6 +287,7 @@ class Trainer:
         self.publisher.publish_async(step, directory).add_done_callback(
             functools.partial(self._published, step))
         self.ctx.state.update(checkpoint_step=step)
+        self.tracking.flush()
 
     def _published(self, step: int, upload: Future) -> None:
         if upload.exception() is None:  # a failed upload surfaces in publisher.flush()
