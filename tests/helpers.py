@@ -64,3 +64,52 @@ def make_scifact_subset(directory: Path, max_docs: int = 300, max_queries: int =
 def write_config(path: Path, **sections: dict) -> Path:
     path.write_text(yaml.safe_dump(sections, sort_keys=False))
     return path
+
+
+EXPORT_TEXTS = ["what causes a fever?", "Vitamin D deficiency is linked to bone loss.",
+                "dense retrieval with hard negatives"]
+
+
+def assert_export_loads_like(out: Path, checkpoint_dir: Path, model_config) -> None:
+    """The exported ``out`` loads with sentence-transformers and transformers.AutoModel, and
+    both give the embeddings of the run's own BiEncoder of ``checkpoint_dir`` (within 1e-5)."""
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    from ance_train.modeling.model import BiEncoder, load_tokenizer
+
+    own = BiEncoder.from_pretrained(checkpoint_dir, model_config).eval()
+    tokens = load_tokenizer(checkpoint_dir)(EXPORT_TEXTS, padding=True, truncation=True,
+                                            max_length=512, return_tensors="pt")
+    with torch.no_grad():
+        expected = own(tokens["input_ids"], tokens["attention_mask"]).float().numpy()
+    exported = SentenceTransformer(str(out), device="cpu").encode(EXPORT_TEXTS,
+                                                                  convert_to_numpy=True)
+    np.testing.assert_allclose(exported, expected, atol=1e-5)
+    encoder = AutoModel.from_pretrained(str(out)).eval()
+    hf_tokens = AutoTokenizer.from_pretrained(str(out))(EXPORT_TEXTS, padding=True,
+                                                        return_tensors="pt")
+    with torch.no_grad():
+        hidden = encoder(**hf_tokens).last_hidden_state
+    mask = hf_tokens["attention_mask"].unsqueeze(-1).float()
+    pooled = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    if own.pooling == "cls":
+        pooled = hidden[:, 0].numpy()
+    if own.similarity == "cosine":
+        pooled = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    np.testing.assert_allclose(pooled, expected, atol=1e-5)
+
+
+def model_card_metadata(out: Path) -> dict:
+    """The YAML metadata block of ``out/README.md``."""
+    text = (out / "README.md").read_text()
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def card_metrics(metadata: dict) -> dict[str, dict[str, float]]:
+    """model-index results as {split: {metric type: value}}."""
+    return {r["dataset"]["split"]: {m["type"]: m["value"] for m in r["metrics"]}
+            for r in metadata["model-index"][0]["results"]}

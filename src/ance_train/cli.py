@@ -348,5 +348,42 @@ def plan(
     console.print(capacity.render(load, result, rates))
 
 
+@app.command()
+def export(
+    run: Annotated[str, typer.Option(
+        "--run", help="The run: its configuration file (YAML), or its run id (then the store "
+                      "comes from ANCE_S3_* or --store-dir / ANCE_STORE_DIR).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the model to.")],
+    checkpoint: Annotated[str, typer.Option(
+        help="best (highest dev nDCG@10, never test), last, or a step number.")] = "best",
+    store_dir: Annotated[str | None, typer.Option("--store-dir", envvar="ANCE_STORE_DIR")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+) -> None:
+    """Write a checkpoint as a sentence-transformers model directory with a model card."""
+    import re
+
+    from ance_train.infra.store import StorageError, store_from_env
+    from ance_train.modeling.export import ExportError, export_checkpoint
+
+    cfg = None
+    if Path(run).is_file():
+        cfg = _load(Path(run))
+        run_id, local_root = cfg.run_id, store_dir or str(Path(cfg.output_dir) / cfg.run_id
+                                                          / "store")
+    elif re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", run):
+        run_id, local_root = run, store_dir
+    else:
+        err.print(f"[red]error:[/] --run {run!r} is neither a configuration file nor a run id")
+        raise typer.Exit(2)
+    try:
+        store = store_from_env(run_id, local_root)
+        step, written = export_checkpoint(store, checkpoint, out, cfg, overwrite=overwrite)
+    except (ExportError, StorageError) as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    console.print(f"exported checkpoint {step} of run {run_id} to {written} "
+                  f"(SentenceTransformer({str(written)!r}) loads it)")
+
+
 if __name__ == "__main__":
     app()

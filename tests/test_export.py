@@ -1,0 +1,101 @@
+"""`ance-train export` against a local store holding checkpoints and eval reports written the
+way the trainer and indexer write them (the S3 backend and a real run: tests/test_e2e.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from ance_train.config import parse_config
+from ance_train.infra.store import LocalStore
+from ance_train.modeling.export import ExportError, export_checkpoint, select_checkpoint
+from ance_train.modeling.model import BiEncoder, load_tokenizer
+from ance_train.protocol import keys
+from ance_train.trainer.training_state import STATE_JSON
+
+from helpers import assert_export_loads_like, card_metrics, model_card_metadata
+
+# dev nDCG@10 peaks at step 5; test peaks at step 10 (best must not look at test).
+REPORTS = {0: {"dev": {"ndcg@10": 0.10, "mrr@10": 0.08}, "test": {"ndcg@10": 0.11}},
+           5: {"dev": {"ndcg@10": 0.30, "mrr@10": 0.25}, "test": {"ndcg@10": 0.20}},
+           10: {"dev": {"ndcg@10": 0.25, "mrr@10": 0.22}, "test": {"ndcg@10": 0.40}}}
+
+
+@pytest.fixture
+def run_store(tmp_path, tiny_model):
+    config = parse_config({"run_id": "exp", "data": {"path": str(tmp_path / "scifact")},
+                           "model": {"path": str(tiny_model), "similarity": "cosine"}})
+    store = LocalStore("exp", tmp_path / "store")
+    model = BiEncoder.from_pretrained(tiny_model, config.model)
+    tokenizer = load_tokenizer(tiny_model)
+    for step, metrics in REPORTS.items():
+        with torch.no_grad():  # a different model per checkpoint
+            next(model.encoder.parameters()).add_(0.01 * step)
+        directory = tmp_path / "local" / str(step)
+        model.save(directory, tokenizer)
+        (directory / STATE_JSON).write_text("{}")  # the resume state: never exported
+        store.put_dir(keys.checkpoint(step), directory)
+        store.put_json(keys.eval_report(step), {"step": step, "metrics": metrics,
+                                                "timings": {}, "diagnostics": {}})
+    store.put_bytes(keys.RUN_CONFIG, yaml.safe_dump(config.model_dump(mode="json")).encode())
+    return store, config, tmp_path
+
+
+def test_best_is_dev_best_and_the_export_loads_with_both_libraries(run_store) -> None:
+    store, config, tmp_path = run_store
+    assert select_checkpoint(store, "best") == 5
+    assert select_checkpoint(store, "last") == 10
+    step, out = export_checkpoint(store, "best", tmp_path / "out")
+    assert step == 5
+    assert not (out / STATE_JSON).exists() and not (out / "MANIFEST.json").exists()
+    assert_export_loads_like(out, tmp_path / "local" / "5", config.model)
+    metadata = model_card_metadata(out)
+    assert metadata["library_name"] == "sentence-transformers"
+    assert metadata["pipeline_tag"] == "sentence-similarity"
+    assert metadata["base_model"] == Path(config.model.path).name
+    assert metadata["datasets"] == ["BeIR/scifact"]
+    assert card_metrics(metadata) == {
+        "dev": {"ndcg_at_10": 0.30, "mrr_at_10": 0.25}, "test": {"ndcg_at_10": 0.20}}
+    card = (out / "README.md").read_text()
+    assert "arXiv:2007.00808" in card and "never on test" in card
+    assert (out / "ance_train_config.yaml").is_file()
+
+
+def test_unknown_step_names_the_step_and_the_run(run_store) -> None:
+    store, _, tmp_path = run_store
+    with pytest.raises(ExportError, match=r"run 'exp' has no complete checkpoint 7; its "
+                                          r"checkpoints: 0, 5, 10"):
+        export_checkpoint(store, "7", tmp_path / "out")
+    with pytest.raises(ExportError, match="best, last or a step number"):
+        select_checkpoint(store, "first")
+
+
+def test_best_without_dev_metrics_is_an_error(run_store) -> None:
+    store, _, _ = run_store
+    for step in REPORTS:
+        store.put_json(keys.eval_report(step), {"step": step, "metrics": {
+            "test": {"ndcg@10": 0.5}}, "timings": {}, "diagnostics": {}})
+    with pytest.raises(ExportError, match=r"run 'exp': no checkpoint has dev ndcg@10"):
+        select_checkpoint(store, "best")
+    assert select_checkpoint(store, "last") == 10
+
+
+def test_cli_exports_by_run_id_and_refuses_a_non_empty_out(run_store) -> None:
+    _, _, tmp_path = run_store
+    out = tmp_path / "cli-out"
+    command = [sys.executable, "-m", "ance_train.cli", "export", "--run", "exp",
+               "--store-dir", str(tmp_path / "store"), "--checkpoint", "last", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "exported checkpoint 10 of run exp" in done.stdout
+    assert card_metrics(model_card_metadata(out))["test"] == {"ndcg_at_10": 0.40}
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 1 and "already exists and is not empty" in again.stderr
+    missing = subprocess.run([*command[:-4], "--checkpoint", "3", "--out", str(tmp_path / "x")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "no complete checkpoint 3" in missing.stderr
