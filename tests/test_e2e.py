@@ -27,7 +27,7 @@ from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.tables import TableId
 from ance_train.protocol.work import CORPUS, QUERIES, RefreshPlan, query_order
 
-from helpers import write_config
+from helpers import assert_export_loads_like, card_metrics, model_card_metadata, write_config
 from service_harness import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -61,7 +61,7 @@ def finished_run(tmp_path_factory, s3_env, tiny_model, scifact_subset):
         store = store_from_env(config.run_id)
     run_dir = root / "runs" / "e2e"
     return {"config": config, "store": store, "output": output, "statuses": statuses,
-            "searches": searches,
+            "searches": searches, "config_path": config_path, "env": env,
             "run_dir": run_dir, "dataset": load_dataset_index(run_dir / "cache"),
             "summary": json.loads((run_dir / "summary.json").read_text())}
 
@@ -228,6 +228,82 @@ def test_both_replicas_encoded_shards(finished_run) -> None:
     for replica in ("inferencer-0", "inferencer-1"):
         text = (logs / f"{replica}.log").read_text()
         assert "corpus-" in text and " texts in " in text, replica
+
+
+def event_scalars(directory: Path) -> dict[str, dict[int, float]]:
+    """The scalars of TensorBoard event files, read with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)}
+            for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_files_hold_the_training_scalars(finished_run) -> None:
+    scalars = event_scalars(finished_run["run_dir"] / "tensorboard" / "trainer")
+    trainer = finished_run["summary"]["trainer"]
+    for tag in ("train/loss", "train/learning_rate", "time/step_seconds", "time/negatives_ms"):
+        assert sorted(scalars[tag]) == list(range(1, 61)), tag
+    assert [scalars["train/loss"][s] for s in range(1, 61)] == pytest.approx(
+        trainer["losses"], rel=1e-6)
+    assert [scalars["time/negatives_ms"][s] for s in range(1, 61)] == pytest.approx(
+        trainer["negatives_ms"], rel=1e-6)
+    gaps = {s: g for s, g in enumerate(trainer["async_gaps"], 1) if g is not None}
+    assert gaps and scalars["negatives/async_gap"] == pytest.approx(gaps)
+    assert set(scalars["negatives/step"]) == {
+        s for s, n in enumerate(trainer["negatives_steps"], 1) if n is not None}
+    assert min(scalars["negatives/age_steps"].values()) == 0  # the step of a swap
+    for layer in ("bottom", "middle", "top"):
+        assert scalars[f"grad_norm/{layer}"] == pytest.approx(
+            {n["step"]: n[layer] for n in trainer["grad_norms"]}, rel=1e-6)
+    assert "train/dual_loss" not in scalars  # DANCE is off here (tests/test_strategies_e2e.py)
+
+
+def test_tensorboard_files_hold_every_refresh(finished_run) -> None:
+    scalars = event_scalars(finished_run["run_dir"] / "tensorboard" / "indexer")
+    store = finished_run["store"]
+    steps = refreshed_steps(store)
+    for step in steps:
+        report = store.get_json(keys.eval_report(step))
+        for split, values in report["metrics"].items():
+            for measure, value in values.items():
+                assert scalars[f"eval/{split}/{measure}"][step] == pytest.approx(value, rel=1e-6)
+        for part in ("build_s", "mine_s", "eval_s"):
+            assert scalars[f"refresh/{part}"][step] == pytest.approx(
+                report["timings"][part], rel=1e-6)
+        assert scalars["diagnostics/train_sample_mrr@100"][step] == pytest.approx(
+            report["diagnostics"]["train_sample_mrr@100"], rel=1e-6)
+    assert set(scalars["refresh/period_s"]) <= set(steps) and scalars["refresh/period_s"]
+    assert set(scalars["diagnostics/overlap_top100"]) == set(steps[1:])
+    assert set(scalars["diagnostics/forgetting_rate"]) == set(steps[1:])
+    assert any(tag.startswith("diagnostics/composition_by_source/") for tag in scalars)
+
+
+def test_export_best_and_last_checkpoints(finished_run, tmp_path) -> None:
+    store, config, env = finished_run["store"], finished_run["config"], finished_run["env"]
+    reports = {s: store.get_json(keys.eval_report(s)) for s in refreshed_steps(store)}
+    best = max(reports, key=lambda s: (reports[s]["metrics"]["dev"]["ndcg@10"], -s))
+    for which, expected in (("best", best), ("last", 60)):
+        out = tmp_path / which
+        done = subprocess.run(
+            [sys.executable, "-m", "ance_train.cli", "export", "--run",
+             str(finished_run["config_path"]), "--checkpoint", which, "--out", str(out)],
+            capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        assert f"exported checkpoint {expected} of run e2e" in done.stdout
+        own = tmp_path / f"{which}-checkpoint"
+        store.get_dir(keys.checkpoint(expected), own)
+        assert_export_loads_like(out, own, config.model)
+        metrics = reports[expected]["metrics"]
+        assert card_metrics(model_card_metadata(out)) == {
+            split: {m.replace("@", "_at_"): v for m, v in values.items()}
+            for split, values in metrics.items()}
+    unknown = subprocess.run(
+        [sys.executable, "-m", "ance_train.cli", "export", "--run", "e2e", "--checkpoint",
+         "59", "--out", str(tmp_path / "none")], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 1
+    assert "run 'e2e' has no complete checkpoint 59" in " ".join(unknown.stderr.split())
 
 
 def test_no_process_left_behind(finished_run) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ance_train.config import load_config
 from ance_train.data.dataset import load_dataset_index
@@ -48,7 +49,7 @@ def run_strategy(root: Path, data: Path, model: Path, negatives: dict, **model_c
     tables = {int(k.split("/")[1].removesuffix(".npz")): NegativesTable.from_bytes(
         store.get_bytes(k)) for k in store.list("negatives")
         if k.split("/")[1].removesuffix(".npz").isdigit()}
-    return {"store": store, "summary": summary, "trainer": summary["trainer"],
+    return {"store": store, "summary": summary, "run_dir": run_dir, "trainer": summary["trainer"],
             "tables": dict(sorted(tables.items())),
             "dataset": load_dataset_index(run_dir / "cache"), "config": config}
 
@@ -177,3 +178,10 @@ def test_dance(tmp_path, scifact_subset, small_model) -> None:
         assert not owners & {train_ids[i] for i in queries}
     dual_losses = [x for x in run["trainer"]["dual_losses"] if x is not None]
     assert dual_losses and all(x > 0 for x in dual_losses)
+    # The dual loss is in the run's TensorBoard files, at the steps that computed it.
+    events = EventAccumulator(str(run["run_dir"] / "tensorboard" / "trainer"),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("train/dual_loss")}
+    assert logged == pytest.approx({s: x for s, x in enumerate(run["trainer"]["dual_losses"], 1)
+                                    if x is not None}, rel=1e-6)

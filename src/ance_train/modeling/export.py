@@ -162,7 +162,8 @@ def export_checkpoint(store: ObjectStore, which: str, out: Path,
                 yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         if report is not None:
             (staging / EVAL_FILE).write_text(json.dumps(report, indent=2))
-        (staging / "README.md").write_text(model_card(store.run_id, step, config, report, meta))
+        (staging / "README.md").write_text(model_card(store.run_id, step, config, report, meta,
+                                                      selected=which))
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -232,7 +233,7 @@ def model_index(name: str, dataset: str | None, report: dict | None) -> list[dic
 
 
 def model_card(run_id: str, step: int, config: RunConfig | None, report: dict | None,
-               meta: dict) -> str:
+               meta: dict, selected: str = "") -> str:
     dataset = dataset_name(config)
     base = base_model(config)
     name = f"{run_id}-step-{step}"
@@ -251,6 +252,11 @@ def model_card(run_id: str, step: int, config: RunConfig | None, report: dict | 
              f"A dense retriever (bi-encoder: one encoder for queries and documents) trained "
              f"with ance-train, run `{run_id}`, checkpoint of step "
              f"{step}" + (f", starting from `{base}`" if base else "") + ".", ""]
+    if selected == "best":
+        lines += [f"Exported as the run's best checkpoint: the highest {BEST_SPLIT} "
+                  f"{BEST_MEASURE} of its evaluated checkpoints (never chosen on test).", ""]
+    elif selected == "last":
+        lines += ["Exported as the run's last checkpoint.", ""]
     lines += ["## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
               "", "model = SentenceTransformer(\"path/to/this/directory\")",
               "queries = model.encode([\"what causes ...?\"])",
