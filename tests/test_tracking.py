@@ -4,13 +4,16 @@ are checked in tests/test_e2e.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ance_train.config import ConfigError, parse_config
-from ance_train.infra.store import LocalStore
+from ance_train.infra.store import LocalStore, store_from_env
 from ance_train.observability.tracking import (
     TENSORBOARD_DIR_VAR,
     TensorBoardTracker,
@@ -21,7 +24,7 @@ from ance_train.observability.tracking import (
 from ance_train.protocol import keys
 
 
-def scalars_in(directory: Path) -> dict[str, list[tuple[int, float]]]:
+def scalars_in(directory: Path | str) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
@@ -50,6 +53,29 @@ def test_store_backed_tracker_uploads_event_files_readable_by_tensorboard(tmp_pa
     assert set(scalars) == {"train/loss"}
     assert [(s, pytest.approx(v)) for s, v in scalars["train/loss"]] == [
         (1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
+
+
+def test_tensorboard_reads_the_uploaded_files_from_s3(tmp_path, s3_env, monkeypatch) -> None:
+    """What the README promises: `tensorboard --logdir s3://<bucket>/<run_id>/tensorboard`
+    with the usual S3 environment (TensorBoard's boto3 reader) shows a cluster run's files."""
+    for name, value in s3_env.items():
+        monkeypatch.setenv(name, value)
+    store = store_from_env("run-s3")
+    tracker = TensorBoardTracker(tmp_path / "indexer", "indexer", store, upload_every_s=3600)
+    tracker.scalars(15, {"eval/dev/ndcg@10": 0.25})
+    tracker.close()
+    # A fresh process: TensorBoard reads S3_ENDPOINT when its file systems are registered.
+    env = {**os.environ, "S3_ENDPOINT": f"http://{s3_env['ANCE_S3_ENDPOINT']}",
+           "AWS_ACCESS_KEY_ID": s3_env["ANCE_S3_ACCESS_KEY"],
+           "AWS_SECRET_ACCESS_KEY": s3_env["ANCE_S3_SECRET_KEY"], "AWS_REGION": "us-east-1"}
+    logdir = f"s3://{s3_env['ANCE_S3_BUCKET']}/run-s3/tensorboard/indexer"
+    read = ("import sys; from tensorboard.backend.event_processing.event_accumulator import "
+            "EventAccumulator as E; e = E(sys.argv[1]); e.Reload(); "
+            "print([(s.step, round(s.value, 6)) for s in e.Scalars('eval/dev/ndcg@10')])")
+    done = subprocess.run([sys.executable, "-c", read, logdir], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[(15, 0.25)]"
 
 
 def test_where_event_files_go(tmp_path, monkeypatch) -> None:
