@@ -99,3 +99,21 @@ def test_cli_exports_by_run_id_and_refuses_a_non_empty_out(run_store) -> None:
     missing = subprocess.run([*command[:-4], "--checkpoint", "3", "--out", str(tmp_path / "x")],
                              capture_output=True, text=True)
     assert missing.returncode == 1 and "no complete checkpoint 3" in missing.stderr
+
+
+def test_unevaluated_checkpoint_has_no_model_index_and_a_head_is_refused(run_store,
+                                                                         tiny_model) -> None:
+    store, config, tmp_path = run_store
+    model = BiEncoder.from_pretrained(tiny_model, config.model)
+    model.save(tmp_path / "local" / "12", load_tokenizer(tiny_model))
+    store.put_dir(keys.checkpoint(12), tmp_path / "local" / "12")
+    step, out = export_checkpoint(store, "12", tmp_path / "unevaluated")
+    assert step == 12 and "model-index" not in model_card_metadata(out)
+    assert "Checkpoint 12 has no evaluation report." in (out / "README.md").read_text()
+    headed = BiEncoder.from_pretrained(tiny_model, config.model.model_copy(
+        update={"projection_dim": 16}))
+    headed.save(tmp_path / "local" / "15", load_tokenizer(tiny_model))
+    store.put_dir(keys.checkpoint(15), tmp_path / "local" / "15")
+    with pytest.raises(ExportError, match=r"checkpoint 15 of run 'exp' has ANCE's projection"):
+        export_checkpoint(store, "last", tmp_path / "headed")
+    assert not (tmp_path / "headed").exists()

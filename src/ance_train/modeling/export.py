@@ -181,6 +181,13 @@ def base_model(config: RunConfig | None) -> str | None:
     path = Path(config.model.path)
     if path.resolve() == Path(default_model_path()).resolve():
         return "sentence-transformers/all-MiniLM-L6-v2"
+    try:  # a model saved after loading it from the Hub records its Hub id
+        recorded = json.loads((path / "config.json").read_text()).get("_name_or_path", "")
+    except (OSError, ValueError, AttributeError):
+        recorded = ""
+    if (isinstance(recorded, str) and recorded.count("/") == 1 and not recorded.startswith(".")
+            and not Path(recorded).is_absolute()):
+        return recorded
     return path.name or None
 
 
@@ -246,7 +253,8 @@ def model_card(run_id: str, step: int, config: RunConfig | None, report: dict | 
                         *[p.name.lower() for p in papers(config)]]
     if dataset is not None:
         metadata["datasets"] = [dataset]
-    metadata["model-index"] = model_index(name, dataset, report)
+    if report is not None and report.get("metrics"):
+        metadata["model-index"] = model_index(name, dataset, report)
     lines = ["---", yaml.safe_dump(metadata, sort_keys=False).rstrip(), "---", "",
              f"# {name}", "",
              f"A dense retriever (bi-encoder: one encoder for queries and documents) trained "
