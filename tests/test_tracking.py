@@ -4,9 +4,11 @@ are checked in tests/test_e2e.py."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,51 @@ def test_unknown_tracker_is_rejected() -> None:
 def test_flatten_keeps_numbers_only() -> None:
     assert flatten({"dev": {"ndcg@10": 0.5}, "n": 3, "ok": True, "name": "x", "none": None},
                    "eval/") == {"eval/dev/ndcg@10": 0.5, "eval/n": 3.0}
+
+
+def fake_module(monkeypatch, name: str, **attributes) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    for key, value in attributes.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def test_wandb_and_mlflow_get_the_same_scalars(tmp_path, monkeypatch) -> None:
+    """Stand-ins for the two packages (not installed here): the calls each tracker makes."""
+    calls: list[tuple] = []
+
+    class WandbRun:
+        def log(self, values, step):
+            calls.append(("wandb.log", step, values))
+
+        def finish(self):
+            calls.append(("wandb.finish",))
+
+    def wandb_init(**kwargs):
+        calls.append(("wandb.init", kwargs["name"], kwargs["group"]))
+        return WandbRun()
+
+    fake_module(monkeypatch, "wandb", init=wandb_init)
+    fake_module(monkeypatch, "mlflow",
+                set_experiment=lambda name: calls.append(("mlflow.experiment", name)),
+                start_run=lambda run_name: calls.append(("mlflow.start", run_name)),
+                log_params=lambda params: calls.append(("mlflow.params", params["run_id"])),
+                log_metrics=lambda values, step: calls.append(("mlflow.log", step, values)),
+                end_run=lambda: calls.append(("mlflow.end",)))
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    monkeypatch.delenv(TENSORBOARD_DIR_VAR, raising=False)
+    run = config(run_id="tracked", tracking={"report_to": ["tensorboard", "wandb", "mlflow"]})
+    tracking = open_tracking(run, "indexer", None, tmp_path)
+    tracking.scalars(15, {"eval/dev/ndcg@10": 0.25, "refresh/period_s": 3.0})
+    tracking.close()
+    assert calls == [
+        ("wandb.init", "tracked-indexer", "tracked"),
+        ("mlflow.experiment", "tracked"), ("mlflow.start", "tracked-indexer"),
+        ("mlflow.params", "tracked"),
+        ("wandb.log", 15, {"eval/dev/ndcg@10": 0.25, "refresh/period_s": 3.0}),
+        ("mlflow.log", 15, {"eval/dev/ndcg_at_10": 0.25, "refresh/period_s": 3.0}),
+        ("wandb.finish",), ("mlflow.end",)]
+    assert scalars_in(tmp_path / "tensorboard" / "indexer")["eval/dev/ndcg@10"] == [
+        (15, 0.25)]
