@@ -1,1 +1,1 @@
-"""The bi-encoder, fast encoding and the checkpoint model cache."""
+"""The bi-encoder, fast encoding, the checkpoint model cache and export."""

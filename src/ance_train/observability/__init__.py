@@ -1,1 +1,1 @@
-"""What the services report: Prometheus metrics, AnceRun status and Events."""
+"""What the services report: Prometheus metrics, AnceRun status and Events, run tracking."""
