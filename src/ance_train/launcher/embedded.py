@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,42 +166,57 @@ class EmbeddedRun:
         self.trainer = self._spawn("trainer", "trainer", ports.trainer_port or free_port())
 
     # -- monitoring -----------------------------------------------------------------------
-    def monitor(self) -> RunResult:
+    def refreshes(self, on_wait: Callable[[], None] | None = None) -> Iterator[dict]:
+        """Each refresh's evaluation as it arrives (``step``, ``metrics``, ``timings``,
+        ``elapsed_s``), until the final checkpoint is evaluated; raises :class:`RunAborted`
+        if a service dies or ``max_minutes`` passes. ``on_wait`` is called between polls.
+        The CLI (:meth:`monitor`) and the Python API (:class:`ance_train.api.Run`) both read
+        the run through this."""
         assert self.redis is not None
         bus = EventBus(connect(self.redis_url), self.config.run_id)
-        result = RunResult()
         started = time.monotonic()
         deadline = None if self.max_minutes is None else started + self.max_minutes * 60
         cursor = "0"
         final_step: int | None = None
+        evaluated: set[int] = set()
+        while True:
+            self._check_children()
+            for received in bus.read_all(EvalCompleted, after=cursor, block_ms=1000):
+                cursor = received.entry_id
+                evaluated.add(received.event.step)
+                yield {"step": received.event.step, "metrics": received.event.metrics,
+                       "timings": received.event.timings,
+                       "elapsed_s": time.monotonic() - started}
+            if final_step is None:
+                finished = list(bus.history(RunFinished))
+                if finished:
+                    final_step = finished[-1].event.step
+            if final_step is not None and final_step in evaluated:
+                return
+            if on_wait is not None:
+                on_wait()
+            if deadline is not None and time.monotonic() > deadline:
+                raise RunAborted(f"run exceeded --max-minutes {self.max_minutes}")
+
+    def monitor(self) -> RunResult:
+        """:meth:`refreshes` with a progress bar and the metrics table (the CLI)."""
+        result = RunResult()
+        started = time.monotonic()
         table = _metrics_table(self.config)
         progress = Progress(TextColumn("[bold]train"), BarColumn(),
                             TextColumn("{task.description}"), TimeElapsedColumn(),
                             console=console, transient=False)
         task = progress.add_task("starting", total=self.config.training.steps)
+
+        def show_progress() -> None:
+            progress.update(task, completed=self._trainer_step(),
+                            description=self._describe_refresh())
+
         with progress:
-            while True:
-                self._check_children()
-                for received in bus.read_all(EvalCompleted, after=cursor, block_ms=1000):
-                    cursor = received.entry_id
-                    entry = {"step": received.event.step, "metrics": received.event.metrics,
-                             "timings": received.event.timings,
-                             "elapsed_s": time.monotonic() - started}
-                    result.evaluations.append(entry)
-                    row = _metrics_row(entry)
-                    table.add_row(*row)
-                    progress.console.print(_metrics_line(entry))
-                if final_step is None:
-                    finished = list(bus.history(RunFinished))
-                    if finished:
-                        final_step = finished[-1].event.step
-                if final_step is not None and any(e["step"] == final_step
-                                                  for e in result.evaluations):
-                    break
-                progress.update(task, completed=self._trainer_step(),
-                                description=self._describe_refresh(bus))
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RunAborted(f"run exceeded --max-minutes {self.max_minutes}")
+            for entry in self.refreshes(on_wait=show_progress):
+                result.evaluations.append(entry)
+                table.add_row(*_metrics_row(entry))
+                progress.console.print(_metrics_line(entry))
             progress.update(task, completed=self.config.training.steps, description="done")
         result.seconds = time.monotonic() - started
         result.trainer_summary = self.store.get_json(keys.TRAINER_SUMMARY)
@@ -213,7 +229,7 @@ class EmbeddedRun:
         except Exception:
             return 0
 
-    def _describe_refresh(self, bus: EventBus) -> str:
+    def _describe_refresh(self) -> str:
         try:
             reply = fetch_status(self.indexer.address, timeout_s=0.5)
             trainer = fetch_status(self.trainer.address, timeout_s=0.5)
