@@ -35,9 +35,11 @@ from ance_train.protocol.events import RunFinished, ShardFailed
 from ance_train.runtime import ServiceContext
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
-from ance_train.trainer.loss import contrastive_nll, layer_grad_norms
+from ance_train.trainer.distributed import DistributedContext, shard_batch
+from ance_train.trainer.loss import layer_grad_norms
 from ance_train.trainer.negative_sources import NegativesPicker
 from ance_train.trainer.negatives_feed import NegativesFeed
+from ance_train.trainer.step import PairEncoder, backward_step
 from ance_train.trainer.training_state import (
     NegativesInUse,
     TrainingState,
@@ -89,6 +91,8 @@ class Trainer:
             model_dir = self.publisher.fetch(self.resumed_from)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
+        self.dist = _distributed_context(cfg.training.processes)
+        self.encoder = PairEncoder(self.model)  # what a step trains through (DDP: wrapped)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
                                            weight_decay=cfg.training.weight_decay)
         self.scheduler = get_linear_schedule_with_warmup(
@@ -185,33 +189,26 @@ class Trainer:
         return self.record
 
     def _optimise(self, batch, dual_weight: float) -> tuple[float, float | None]:
+        """One optimiser step on this rank's slice of the global batch (the whole batch in a
+        single process): the loss over the global batch, its gradient (cached in chunks with
+        ``training.grad_cache_chunk``), clipping, the update."""
         cfg = self.cfg
         self.model.train()
-        query_texts = batch.query_texts + batch.dual_query_texts
-        queries = self.tokenizer(query_texts, padding=True, truncation=True,
-                                 max_length=cfg.model.max_query_length, return_tensors="pt")
-        docs = self.tokenizer(self.ctx.corpus.texts(batch.doc_indices), padding=True,
+        shard = shard_batch(batch, self.dist.rank, self.dist.world_size)
+        queries = self.tokenizer(shard.query_texts + shard.dual_query_texts, padding=True,
+                                 truncation=True, max_length=cfg.model.max_query_length,
+                                 return_tensors="pt")
+        docs = self.tokenizer(self.ctx.corpus.texts(shard.doc_indices), padding=True,
                               truncation=True, max_length=cfg.model.max_doc_length,
                               return_tensors="pt")
-        size = len(batch.query_texts)
-        with autocast_context(cfg.training.mixed_precision, self.device):
-            q = self.model(queries["input_ids"].to(self.device),
-                           queries["attention_mask"].to(self.device))
-            d = self.model(docs["input_ids"].to(self.device),
-                           docs["attention_mask"].to(self.device))
-            scores = self.model.score(q[:size], d)
-            dual_scores = (self.model.score(d[:size], q)
-                           if batch.dual_allowed is not None else None)
-        loss = contrastive_nll(scores, batch.positive_column.to(self.device),
-                               batch.allowed.to(self.device))
-        dual_loss = None
-        if dual_scores is not None:
-            # DANCE Eq. 12: L = L_norm + λ L_dual, L_dual over d⁺ → {q⁺} ∪ negative queries.
-            dual_loss = contrastive_nll(dual_scores, batch.positive_column.to(self.device),
-                                        batch.dual_allowed.to(self.device))
-            loss = loss + dual_weight * dual_loss
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, dual_loss = backward_step(
+            self.encoder, shard,
+            (queries["input_ids"].to(self.device), queries["attention_mask"].to(self.device)),
+            (docs["input_ids"].to(self.device), docs["attention_mask"].to(self.device)),
+            self.dist, dual_weight if batch.dual_allowed is not None else 0.0,
+            functools.partial(autocast_context, cfg.training.mixed_precision, self.device),
+            cfg.training.grad_cache_chunk)
         every = cfg.negatives.grad_norm_every
         if every and (self.step % every == 0 or self.step == 1):
             self.record.grad_norms.append({"step": self.step,
@@ -219,7 +216,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.training.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        return float(loss.detach()), None if dual_loss is None else float(dual_loss.detach())
+        return loss, dual_loss
 
     def _log_step(self, loss: float, gap: int | None, negatives_step: int | None,
                   negatives_ms: float, seconds: float) -> None:
@@ -287,6 +284,17 @@ class Trainer:
         rec = self.record
         first = next((i for i, s in enumerate(rec.negatives_steps) if s is not None), None)
         return 0.0 if first is None else sum(rec.negatives_ms[first:]) / 1000
+
+
+def _distributed_context(processes: int) -> DistributedContext:
+    """The single-process context; several ranks are not started by the launcher yet."""
+    if processes > 1:
+        raise RuntimeError(
+            f"training.processes is {processes}: the data-parallel step is implemented "
+            "(trainer/distributed.py, trainer/grad_cache.py) but the launcher does not start "
+            "trainer ranks yet, nor do checkpoints and summaries come from rank 0 only; "
+            "set training.processes to 1")
+    return DistributedContext()
 
 
 def serve(ctx: ServiceContext) -> int:
