@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ance_train.modeling.model import BiEncoder
 from ance_train.trainer.distributed import (
@@ -22,11 +23,20 @@ from ance_train.trainer.grad_cache import Inputs, grad_cache_backward
 
 class PairEncoder(nn.Module):
     """Queries and documents in one forward call (queries first), so that DDP sees one forward
-    per backward; either side may be left out (GradCache chunks)."""
+    per backward; either side may be left out (GradCache chunks).
+
+    The encoder's pooler (BERT's ``pooler_output``, never read by :class:`BiEncoder`, which
+    pools the last hidden states itself) is frozen: its gradients are always None, as they
+    were, and DDP, which requires every trainable parameter to take part in the loss, needs no
+    ``find_unused_parameters`` (an extra graph walk and collective every forward).
+    """
 
     def __init__(self, model: BiEncoder) -> None:
         super().__init__()
         self.model = model
+        pooler = getattr(model.encoder, "pooler", None)
+        if isinstance(pooler, nn.Module):
+            pooler.requires_grad_(False)
 
     def forward(self, query_ids: torch.Tensor | None, query_mask: torch.Tensor | None,
                 doc_ids: torch.Tensor | None, doc_mask: torch.Tensor | None,
@@ -34,6 +44,15 @@ class PairEncoder(nn.Module):
         q = None if query_ids is None else self.model(query_ids, query_mask)
         d = None if doc_ids is None else self.model(doc_ids, doc_mask)
         return q, d
+
+
+def data_parallel(encoder: PairEncoder, context: DistributedContext) -> nn.Module:
+    """``encoder`` under DDP when there are several ranks (world size 1: itself). Buffers
+    (position ids) are constants, synchronised once at construction, not at every forward."""
+    if context.world_size == 1:
+        return encoder
+    device_ids = [context.local_rank] if torch.cuda.is_available() else None
+    return DistributedDataParallel(encoder, device_ids=device_ids, forward_sync_buffers=False)
 
 
 def unwrap(encoder: nn.Module) -> PairEncoder:
