@@ -201,3 +201,25 @@ def test_one_gradient_allreduce_per_step_with_grad_cache(ranks: list[dict]) -> N
     assert buckets >= 1
     assert counts["grad_cache"] == [buckets, buckets]
     assert counts["without_no_sync"][0] > 10 * buckets
+
+
+def test_context_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's variables: none (or WORLD_SIZE 1) is one process; a world without its
+    rendezvous address is an error that says how to start the trainer."""
+    from ance_train.trainer.distributed import init_from_env
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert init_from_env() == DistributedContext()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(RuntimeError, match=r"MASTER_ADDR, MASTER_PORT.*torch\.distributed\.run"):
+        init_from_env()
+
+
+def test_trainer_refuses_several_processes_until_the_launcher_starts_ranks() -> None:
+    from ance_train.trainer.trainer import _distributed_context
+
+    assert _distributed_context(1) == DistributedContext()
+    with pytest.raises(RuntimeError, match="launcher does not start trainer ranks"):
+        _distributed_context(2)

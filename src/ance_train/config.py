@@ -108,7 +108,9 @@ class TrainingConfig(_Strict):
     processes: int = Field(
         1, ge=1, description="Data-parallel trainer ranks (DDP); batch_size is the global "
                              "batch, split over them, every query seeing the documents of all "
-                             "ranks as in-batch negatives (trainer/distributed.py).")
+                             "ranks as in-batch negatives (trainer/distributed.py). The step "
+                             "is implemented; the launcher does not start ranks yet, so the "
+                             "trainer refuses more than 1.")
     grad_cache_chunk: int | None = Field(
         None, ge=0, description="GradCache (Gao et al. 2021, arXiv 2101.06983): encode at most "
                                 "this many texts at a time with the graph; the loss is still "
@@ -320,7 +322,9 @@ class InferenceConfig(_Strict):
     processes: int = Field(
         1, ge=1, description="Data-parallel trainer ranks (DDP); batch_size is the global "
                              "batch, split over them, every query seeing the documents of all "
-                             "ranks as in-batch negatives (trainer/distributed.py).")
+                             "ranks as in-batch negatives (trainer/distributed.py). The step "
+                             "is implemented; the launcher does not start ranks yet, so the "
+                             "trainer refuses more than 1.")
     grad_cache_chunk: int | None = Field(
         None, ge=0, description="GradCache (Gao et al. 2021, arXiv 2101.06983): encode at most "
                                 "this many texts at a time with the graph; the loss is still "
