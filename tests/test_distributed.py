@@ -217,9 +217,11 @@ def test_context_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         init_from_env()
 
 
-def test_trainer_refuses_several_processes_until_the_launcher_starts_ranks() -> None:
+def test_trainer_needs_torchrun_for_several_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     from ance_train.trainer.trainer import _distributed_context
 
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert _distributed_context(1) == DistributedContext()
-    with pytest.raises(RuntimeError, match="launcher does not start trainer ranks"):
+    with pytest.raises(RuntimeError, match=r"WORLD_SIZE is 1: start the trainer with python -m "
+                                           r"torch\.distributed\.run --nproc-per-node 2"):
         _distributed_context(2)

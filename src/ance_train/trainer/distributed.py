@@ -1,14 +1,15 @@
 """Data-parallel training math: N ranks train on one global batch as one process would.
 
-``training.batch_size`` is the *global* batch. Every rank builds the same global
-:class:`~ance_train.trainer.batches.TrainingBatch` (same seeded :class:`BatchBuilder`, same
-negatives table, so the same queries, positives, hard negatives and masks on every rank —
-no mask ever has to be communicated or agreed on) and encodes only its slice of it
+``training.batch_size`` is the *global* batch. Every rank holds the same global
+:class:`~ance_train.trainer.batches.TrainingBatch` and encodes only its slice of it
 (:func:`shard_batch`): a contiguous range of queries with their positives, their hard
-negatives and (DANCE) their negative queries. Building the global batch everywhere costs a
-little CPU (sampling, no encoding); in exchange the allowed mask and the positive columns
-are *by construction* those of the single-process batch, and a rank can never disagree with
-another about which column is whose positive.
+negatives and (DANCE) their negative queries. The allowed mask and the positive columns are
+therefore those of the single-process batch, never rebuilt per rank, and no rank can disagree
+with another about which column is whose positive. In the trainer, rank 0 — the only rank
+that follows the negatives tables — builds each global batch and sends it to the others
+(:func:`broadcast_object`: a few kilobytes of ids and masks per step), so a new table is
+swapped in at the same step on every rank and a stop reaches all of them at once; the tests
+build it on every rank from the same seeded builder instead, which gives the same batch.
 
 The representations are gathered across ranks with gradients (:func:`gather_with_grad`):
 forward an all-gather, backward an all-reduce of the gradient of the gathered matrix, each
@@ -106,6 +107,20 @@ def init_from_env(backend: str | None = None,
                                 timeout=timeout)
     return DistributedContext(rank=rank, world_size=world, local_rank=local_rank,
                               group=dist.new_group(backend=backend))
+
+
+def launched_rank() -> int:
+    """This process's ``RANK`` as torch's elastic launcher set it (0 when not launched so)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def broadcast_object(value: Any, context: DistributedContext) -> Any:
+    """Rank 0's ``value`` on every rank (pickled; for small things: a batch, a flag)."""
+    if context.world_size == 1:
+        return value
+    box = [value if context.is_main else None]
+    dist.broadcast_object_list(box, src=0, group=context.group)
+    return box[0]
 
 
 def split_sizes(total: int, parts: int) -> list[int]:

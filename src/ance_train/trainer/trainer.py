@@ -15,7 +15,9 @@ back as they were at that step (:mod:`.training_state`); the checkpoint is not r
 
 from __future__ import annotations
 
+import datetime
 import functools
+import os
 import random
 import time
 from concurrent.futures import Future
@@ -35,11 +37,17 @@ from ance_train.protocol.events import RunFinished, ShardFailed
 from ance_train.runtime import ServiceContext
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
-from ance_train.trainer.distributed import DistributedContext, shard_batch
+from ance_train.trainer.distributed import (
+    DistributedContext,
+    broadcast_object,
+    init_from_env,
+    launched_rank,
+    shard_batch,
+)
 from ance_train.trainer.loss import layer_grad_norms
 from ance_train.trainer.negative_sources import NegativesPicker
 from ance_train.trainer.negatives_feed import NegativesFeed
-from ance_train.trainer.step import PairEncoder, backward_step
+from ance_train.trainer.step import PairEncoder, backward_step, data_parallel
 from ance_train.trainer.training_state import (
     NegativesInUse,
     TrainingState,
@@ -80,19 +88,26 @@ class Trainer:
         random.seed(cfg.training.seed)
         if cfg.training.torch_threads:
             torch.set_num_threads(cfg.training.torch_threads)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # Data-parallel ranks (training.processes, started by torch.distributed.run): rank 0
+        # is the trainer the other services see — it picks the negatives, builds each global
+        # batch and sends it to the others, checkpoints, announces and writes the summary;
+        # the other ranks only compute their slice of every step (``_follow``).
+        self.dist = _distributed_context(cfg.training.processes)
+        self.device = (torch.device("cuda" if torch.cuda.is_available() else "cpu")
+                       if self.dist.world_size == 1 else self.dist.device())
         self.queue = WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
         self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
                                              ctx.work_dir)
-        self.resumed_from = latest_complete_checkpoint(ctx.store)
+        # Every rank resumes from the checkpoint rank 0 found (not from one rank 0 wrote since).
+        self.resumed_from = broadcast_object(latest_complete_checkpoint(ctx.store), self.dist)
         model_dir = Path(cfg.model.path)
         if self.resumed_from is not None:
             ctx.log.info("resuming from checkpoint %d", self.resumed_from)
             model_dir = self.publisher.fetch(self.resumed_from)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
-        self.dist = _distributed_context(cfg.training.processes)
-        self.encoder = PairEncoder(self.model)  # what a step trains through (DDP: wrapped)
+        # What a step trains through: DDP over the pair encoder with several ranks.
+        self.encoder = data_parallel(PairEncoder(self.model), self.dist)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
                                            weight_decay=cfg.training.weight_decay)
         self.scheduler = get_linear_schedule_with_warmup(
@@ -131,6 +146,8 @@ class Trainer:
                      if r.event.step == self.step), None)
 
     def run(self) -> TrainingRecord:
+        if not self.dist.is_main:
+            return self._follow()
         ctx, cfg = self.ctx, self.cfg
         self.telemetry.started()
         ctx.state.update(state="running", phase=f"checkpoint {self.step}",
@@ -165,7 +182,8 @@ class Trainer:
             source, table = self.picker.pick(self.step)
             table_step = None if table is None else table.reported_step
             dual = self.dance.source(self.feed)
-            batch = self.batches.build(source, dual, self.dance.per_positive)
+            batch = broadcast_object(self.batches.build(source, dual, self.dance.per_positive),
+                                     self.dist)
             negatives_ms = (time.monotonic() - started) * 1000
             if table_step is not None and table_step != self.in_use_step:
                 self.record.swaps.append({"step": self.step, "negatives_step": table_step})
@@ -178,6 +196,7 @@ class Trainer:
             self._log_step(loss, gap, table_step, negatives_ms, time.monotonic() - started)
             if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
                 self._checkpoint(self.step)
+        broadcast_object(None, self.dist)  # the other ranks stop here too
         self.publisher.flush()
         self.publisher.close()
         finished = self.step >= cfg.training.steps
@@ -186,6 +205,23 @@ class Trainer:
             ctx.bus.publish(RunFinished(step=self.step))
             self.telemetry.finished(self.step)
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
+        return self.record
+
+    def _follow(self) -> TrainingRecord:
+        """A rank other than 0: train on the global batches rank 0 sends (so negatives swap at
+        the same step on every rank) until it sends None. Rank 0 alone checkpoints, announces
+        and reports; this rank's record holds its view of the losses (the global ones)."""
+        self.ctx.state.update(state="running", phase=f"rank {self.dist.rank}",
+                              total=self.cfg.training.steps, step=self.step)
+        if self._resume_state is not None:
+            restore_rng(self._resume_state.rng)
+        while (batch := broadcast_object(None, self.dist)) is not None:
+            self.step += 1
+            loss, dual_loss = self._optimise(batch, self.dance.weight)
+            self.record.losses.append(loss)
+            self.record.dual_losses.append(dual_loss)
+            self.ctx.state.update(step=self.step, done=self.step, metrics={"loss": loss})
+        self.ctx.state.update(state="finished", phase="done")
         return self.record
 
     def _optimise(self, batch, dual_weight: float) -> tuple[float, float | None]:
@@ -286,16 +322,28 @@ class Trainer:
         return 0.0 if first is None else sum(rec.negatives_ms[first:]) / 1000
 
 
+# Rank 0 may wait long for the first negatives, or save a checkpoint, while the other ranks
+# wait for its next batch.
+RANK_TIMEOUT = datetime.timedelta(hours=6)
+
+
 def _distributed_context(processes: int) -> DistributedContext:
-    """The single-process context; several ranks are not started by the launcher yet."""
-    if processes > 1:
+    """One process, or this rank of ``processes`` started by torch.distributed.run."""
+    if processes == 1:
+        return DistributedContext()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != processes:
         raise RuntimeError(
-            f"training.processes is {processes}: the data-parallel step is implemented "
-            "(trainer/distributed.py, trainer/grad_cache.py) but the launcher does not start "
-            "trainer ranks yet, nor do checkpoints and summaries come from rank 0 only; "
-            "set training.processes to 1")
-    return DistributedContext()
+            f"training.processes is {processes} but WORLD_SIZE is {world}: start the trainer "
+            f"with python -m torch.distributed.run --nproc-per-node {processes} -m "
+            "ance_train.cli serve trainer ... (ance-train run does)")
+    return init_from_env(timeout=RANK_TIMEOUT)
 
 
 def serve(ctx: ServiceContext) -> int:
+    if ctx.config.training.processes > 1 and launched_rank() > 0:
+        # Not a service of its own: no gRPC server, no registry entry (rank 0 is the trainer).
+        ctx.install_signal_handlers()
+        Trainer(ctx).run()
+        return 0
     return ctx.serve(Trainer(ctx).run, finishes=True)

@@ -1,0 +1,82 @@
+"""The real Trainer on two data-parallel ranks, started as ``ance-train run`` starts it
+(``python -m torch.distributed.run --nproc-per-node 2 -m ance_train.cli serve trainer``,
+gloo on 127.0.0.1), against a real Redis and a local store; the reference is one Trainer
+process on the same global batch. Rank 0 alone checkpoints, announces and writes the summary;
+rank 1 trains on the batches rank 0 sends. Dropout is 0 (the two sides encode different row
+sets per forward); tolerances as in tests/test_distributed.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ance_train.infra.bus import EventBus, connect
+from ance_train.launcher.embedded import service_command
+from ance_train.protocol import keys
+from ance_train.protocol.events import CheckpointPublished
+from ance_train.runtime import ServiceOptions, connect_context
+from ance_train.trainer.trainer import Trainer
+
+from distributed_world import make_model
+from service_harness import Harness
+
+STEPS = 5
+EVERY = 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("tiny-bert-no-dropout"), dropout=0.0)
+
+
+def _prepare(root: Path, run_id: str, redis_url: str, model_dir: Path, data: Path,
+             processes: int) -> Harness:
+    root.mkdir()
+    return Harness.prepare(
+        root, redis_url, run_id=run_id, data={"path": str(data), "dev_fraction": 0.2},
+        model={"path": str(model_dir), "max_query_length": 16, "max_doc_length": 32},
+        training={"steps": STEPS, "batch_size": 8, "refresh_every": EVERY, "warmup_steps": 1,
+                  "learning_rate": 1e-3, "torch_threads": 1, "mixed_precision": "off",
+                  "processes": processes},
+        negatives={"pool": "random", "per_query": 2, "warmup": "none"},
+    )
+
+
+def _weights(harness: Harness) -> dict[str, torch.Tensor]:
+    target = harness.root / "final"
+    harness.store.get_dir(keys.checkpoint(STEPS), target)
+    return load_file(str(target / "model.safetensors"))
+
+
+def test_two_trainer_ranks_train_like_one_trainer(tmp_path: Path, redis_server, model_dir: Path,
+                                                  scifact_subset: Path) -> None:
+    one = _prepare(tmp_path / "one", "one", redis_server.url, model_dir, scifact_subset, 1)
+    context = connect_context(ServiceOptions(
+        role="trainer", config_path=str(one.config_path), redis_url=one.redis_url,
+        work_dir=str(one.root / "work"), instance="trainer", store_dir=str(one.root / "store")))
+    reference = Trainer(context).run()
+
+    two = _prepare(tmp_path / "two", "two", redis_server.url, model_dir, scifact_subset, 2)
+    command = [*service_command("trainer", 2), "serve", "trainer",
+               "--config", str(two.config_path), "--instance", "trainer",
+               "--work-dir", str(two.root / "work")]
+    done = subprocess.run(command, env=two.env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+
+    summary = two.store.get_json(keys.TRAINER_SUMMARY)
+    assert summary["finished"] and summary["steps"] == STEPS
+    assert summary["losses"] == pytest.approx(reference.losses, rel=1e-5)
+    assert summary["checkpoints"] == [0, EVERY, STEPS]
+    published = [e.step for e in EventBus(connect(redis_server.url), "two")
+                 .history(CheckpointPublished)]
+    assert published == [0, EVERY, STEPS]  # once each: rank 0 alone announces
+    assert (two.root / "work" / "rank-1").is_dir()  # rank 1 kept its files apart
+    assert not (two.root / "work" / "rank-1" / "checkpoints").exists()
+    want, got = _weights(one), _weights(two)
+    assert want.keys() == got.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5, msg=name)
