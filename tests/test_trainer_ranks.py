@@ -80,3 +80,13 @@ def test_two_trainer_ranks_train_like_one_trainer(tmp_path: Path, redis_server, 
     assert want.keys() == got.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_service_command_starts_trainer_ranks_through_torchrun() -> None:
+    assert service_command("trainer", 1)[1:] == ["-m", "ance_train.cli"]
+    assert service_command("indexer", 4)[1:] == ["-m", "ance_train.cli"]
+    command = service_command("trainer", 3)
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert command[command.index("--nproc-per-node") + 1] == "3"
+    assert command[command.index("--master-addr") + 1] == "127.0.0.1"
+    assert command[-2:] == ["-m", "ance_train.cli"]
