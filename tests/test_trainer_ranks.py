@@ -46,8 +46,18 @@ def _prepare(root: Path, run_id: str, redis_url: str, model_dir: Path, data: Pat
     )
 
 
-def _weights(harness: Harness) -> dict[str, torch.Tensor]:
-    target = harness.root / "final"
+def _launch(harness: Harness) -> None:
+    """The trainer on two ranks, as ``ance-train run`` starts it."""
+    command = [*service_command("trainer", 2), "serve", "trainer",
+               "--config", str(harness.config_path), "--instance", "trainer",
+               "--work-dir", str(harness.root / "work")]
+    done = subprocess.run(command, env=harness.env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+
+
+def _weights(harness: Harness, name: str = "final") -> dict[str, torch.Tensor]:
+    target = harness.root / name
     harness.store.get_dir(keys.checkpoint(STEPS), target)
     return load_file(str(target / "model.safetensors"))
 
@@ -61,11 +71,7 @@ def test_two_trainer_ranks_train_like_one_trainer(tmp_path: Path, redis_server, 
     reference = Trainer(context).run()
 
     two = _prepare(tmp_path / "two", "two", redis_server.url, model_dir, scifact_subset, 2)
-    command = [*service_command("trainer", 2), "serve", "trainer",
-               "--config", str(two.config_path), "--instance", "trainer",
-               "--work-dir", str(two.root / "work")]
-    done = subprocess.run(command, env=two.env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    _launch(two)
 
     summary = two.store.get_json(keys.TRAINER_SUMMARY)
     assert summary["finished"] and summary["steps"] == STEPS
@@ -80,6 +86,30 @@ def test_two_trainer_ranks_train_like_one_trainer(tmp_path: Path, redis_server, 
     assert want.keys() == got.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_two_ranks_resume_exactly(tmp_path: Path, redis_server, tmp_path_factory,
+                                  scifact_subset: Path) -> None:
+    """With dropout: run A trains 5 steps on two ranks (checkpoints 0, 3, 5). Run B holds A's
+    store up to checkpoint 3 only; its two ranks resume there — rank 1 with its own RNG state
+    from the checkpoint — and must end on A's weights and losses bit for bit."""
+    dropout = make_model(tmp_path_factory.mktemp("tiny-bert-dropout"), dropout=0.1)
+    a = _prepare(tmp_path / "a", "resume-a", redis_server.url, dropout, scifact_subset, 2)
+    _launch(a)
+    straight = a.store.get_json(keys.TRAINER_SUMMARY)
+    assert straight["checkpoints"] == [0, EVERY, STEPS]
+
+    b = _prepare(tmp_path / "b", "resume-b", redis_server.url, dropout, scifact_subset, 2)
+    for step in (0, EVERY):
+        a.store.get_dir(keys.checkpoint(step), tmp_path / f"ckpt-{step}")
+        b.store.put_dir(keys.checkpoint(step), tmp_path / f"ckpt-{step}")
+    _launch(b)
+    resumed = b.store.get_json(keys.TRAINER_SUMMARY)
+    assert resumed["resumed_from"] == [EVERY]
+    assert resumed["losses"] == straight["losses"]
+    want, got = _weights(a), _weights(b)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
 
 
 def test_service_command_starts_trainer_ranks_through_torchrun() -> None:

@@ -84,15 +84,16 @@ class Trainer:
         self.ctx = ctx
         cfg = ctx.config
         self.cfg = cfg
-        torch.manual_seed(cfg.training.seed)
-        random.seed(cfg.training.seed)
-        if cfg.training.torch_threads:
-            torch.set_num_threads(cfg.training.torch_threads)
         # Data-parallel ranks (training.processes, started by torch.distributed.run): rank 0
         # is the trainer the other services see — it picks the negatives, builds each global
         # batch and sends it to the others, checkpoints, announces and writes the summary;
         # the other ranks only compute their slice of every step (``_follow``).
         self.dist = _distributed_context(cfg.training.processes)
+        # Rank r draws its own dropout masks (seed + r; rank 0 as a single process would).
+        torch.manual_seed(cfg.training.seed + self.dist.rank)
+        random.seed(cfg.training.seed)
+        if cfg.training.torch_threads:
+            torch.set_num_threads(cfg.training.torch_threads)
         self.device = (torch.device("cuda" if torch.cuda.is_available() else "cpu")
                        if self.dist.world_size == 1 else self.dist.device())
         self.queue = WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
@@ -171,8 +172,8 @@ class Trainer:
                     f"{abandoned.key} could not be encoded "
                     f"({abandoned.error}); with negatives.pool "
                     f"{cfg.negatives.pool} and no BM25 warm-up there is nothing to train on")
-        if self._resume_state is not None:
-            restore_rng(self._resume_state.rng)  # last: nothing may draw before the loop
+        if self._resume_state is not None:  # last: nothing may draw before the loop
+            self._restore_rank_rng(self._resume_state.rng)
         self.first_step = self.step + 1
         dual_weight = self.dance.weight
         while self.step < cfg.training.steps and not ctx.stop.is_set():
@@ -211,16 +212,21 @@ class Trainer:
         """A rank other than 0: train on the global batches rank 0 sends (so negatives swap at
         the same step on every rank) until it sends None. Rank 0 alone checkpoints, announces
         and reports; this rank's record holds its view of the losses (the global ones)."""
+        cfg = self.cfg
         self.ctx.state.update(state="running", phase=f"rank {self.dist.rank}",
-                              total=self.cfg.training.steps, step=self.step)
-        if self._resume_state is not None:
-            restore_rng(self._resume_state.rng)
+                              total=cfg.training.steps, step=self.step)
+        if self._resume_state is None:
+            self._gather_rng()  # rank 0 saves checkpoint 0
+        else:
+            self._restore_rank_rng(self._resume_state.rng)
         while (batch := broadcast_object(None, self.dist)) is not None:
             self.step += 1
             loss, dual_loss = self._optimise(batch, self.dance.weight)
             self.record.losses.append(loss)
             self.record.dual_losses.append(dual_loss)
             self.ctx.state.update(step=self.step, done=self.step, metrics={"loss": loss})
+            if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
+                self._gather_rng()  # rank 0 saves a checkpoint
         self.ctx.state.update(state="finished", phase="done")
         return self.record
 
@@ -273,12 +279,36 @@ class Trainer:
         if self.step % 10 == 0 or self.step in (1, self.first_step):
             self.ctx.log.info("step %d loss %.4f gap %s (%.2fs)", self.step, loss, gap, seconds)
 
+    def _gather_rng(self) -> dict | None:
+        """Every rank's RNG states, on rank 0, as a checkpoint stores them: rank 0's, with the
+        other ranks' under ``"ranks"`` (one process: just its own). All ranks call it at each
+        checkpoint step."""
+        own = capture_rng()
+        if self.dist.world_size == 1:
+            return own
+        states: list = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(states, own, group=self.dist.group)
+        return {**own, "ranks": states} if self.dist.is_main else None
+
+    def _restore_rank_rng(self, rng: dict) -> None:
+        """A resumed rank's RNG states: its own from the checkpoint (rank 0's if the
+        checkpoint was written by a different number of ranks)."""
+        ranks = rng.get("ranks")
+        if self.dist.world_size == 1:
+            restore_rng(rng)
+        elif ranks is not None and len(ranks) == self.dist.world_size:
+            restore_rng(ranks[self.dist.rank])
+        else:
+            self.ctx.log.warning("checkpoint holds no RNG state for rank %d of %d: using "
+                                 "rank 0's", self.dist.rank, self.dist.world_size)
+            restore_rng(rng)
+
     def _checkpoint(self, step: int) -> None:
         self.record.checkpoints.append(step)
         feed = self.feed
         state = TrainingState(
             step=step, optimizer=self.optimizer.state_dict(),
-            scheduler=self.scheduler.state_dict(), rng=capture_rng(),
+            scheduler=self.scheduler.state_dict(), rng=self._gather_rng(),
             batches=self.batches.state_dict(),
             negatives=NegativesInUse(
                 ann=None if feed.ann is None else feed.ann.step,
