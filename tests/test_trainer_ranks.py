@@ -2,12 +2,18 @@
 (``python -m torch.distributed.run --nproc-per-node 2 -m ance_train.cli serve trainer``,
 gloo on 127.0.0.1), against a real Redis and a local store; the reference is one Trainer
 process on the same global batch. Rank 0 alone checkpoints, announces and writes the summary;
-rank 1 trains on the batches rank 0 sends. Dropout is 0 (the two sides encode different row
+rank 1 trains on the batches rank 0 sends. Also: ``ance-train run`` with two trainer
+processes, end to end. Dropout is 0 (the two sides encode different row
 sets per forward); tolerances as in tests/test_distributed.py."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,7 @@ from ance_train.runtime import ServiceOptions, connect_context
 from ance_train.trainer.trainer import Trainer
 
 from distributed_world import make_model
+from helpers import write_config
 from service_harness import Harness
 
 STEPS = 5
@@ -110,6 +117,47 @@ def test_two_ranks_resume_exactly(tmp_path: Path, redis_server, tmp_path_factory
     want, got = _weights(a), _weights(b)
     for name in want:
         assert torch.equal(got[name], want[name]), name
+
+
+def test_embedded_run_with_two_trainer_processes(tmp_path: Path, scifact_subset: Path,
+                                                 tiny_model: Path) -> None:
+    """``ance-train run`` with ``training.processes: 2`` (and GradCache, dropout on): the
+    trainer ranks, the indexer and an inferencer finish a run whose ANN negatives are swapped
+    in while it trains, and leave no process behind."""
+    config = {"run_id": "ranks", "output_dir": str(tmp_path / "runs"),
+              "data": {"path": str(scifact_subset)},
+              "model": {"path": str(tiny_model), "max_query_length": 16, "max_doc_length": 32},
+              "training": {"steps": 12, "batch_size": 8, "refresh_every": 4, "warmup_steps": 1,
+                           "torch_threads": 1, "processes": 2, "grad_cache_chunk": 3},
+              "negatives": {"warmup": "none"},
+              "inference": {"replicas": 1, "shard_size": 200, "torch_threads": 1}}
+    path = write_config(tmp_path / "c.yaml", **config)
+    done = subprocess.run([sys.executable, "-m", "ance_train.cli", "run", "--config", str(path)],
+                          capture_output=True, text=True, timeout=400)
+    run_dir = tmp_path / "runs" / "ranks"
+    assert done.returncode == 0, done.stderr[-3000:]
+    trainer = json.loads((run_dir / "summary.json").read_text())["trainer"]
+    assert trainer["finished"] and trainer["steps"] == 12
+    assert trainer["checkpoints"] == [0, 4, 8, 12]
+    assert trainer["swaps"][0] == {"step": 1, "negatives_step": 0}  # ANN from checkpoint 0
+    assert all(math.isfinite(loss) for loss in trainer["losses"])
+    assert (run_dir / "work" / "trainer" / "rank-1").is_dir()
+    time.sleep(0.5)
+    assert _processes_mentioning(str(run_dir)) == [], "a trainer rank outlived the run"
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmdline[:120]}")
+    return found
 
 
 def test_service_command_starts_trainer_ranks_through_torchrun() -> None:

@@ -371,9 +371,14 @@ def _distributed_context(processes: int) -> DistributedContext:
 
 
 def serve(ctx: ServiceContext) -> int:
-    if ctx.config.training.processes > 1 and launched_rank() > 0:
-        # Not a service of its own: no gRPC server, no registry entry (rank 0 is the trainer).
-        ctx.install_signal_handlers()
-        Trainer(ctx).run()
-        return 0
-    return ctx.serve(Trainer(ctx).run, finishes=True)
+    try:
+        if ctx.config.training.processes > 1 and launched_rank() > 0:
+            # Not a service of its own: no gRPC server, no registry entry (rank 0 is the
+            # trainer).
+            ctx.install_signal_handlers()
+            Trainer(ctx).run()
+            return 0
+        return ctx.serve(Trainer(ctx).run, finishes=True)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
