@@ -11,6 +11,10 @@ the gradient norms of the bottom / middle / top layers (ANCE Fig. 4).
 A restarted trainer resumes from the newest complete checkpoint of its run: weights,
 optimizer, scheduler, RNG states, batch position, negatives tables and summary records come
 back as they were at that step (:mod:`.training_state`); the checkpoint is not republished.
+
+With ``training.processes`` N (started by ``torch.distributed.run``) the step is computed by N
+data-parallel ranks (:mod:`.distributed`, :mod:`.step`, :mod:`.grad_cache`): rank 0 runs the
+loop above and sends each global batch to the others, which follow (:meth:`Trainer._follow`).
 """
 
 from __future__ import annotations
