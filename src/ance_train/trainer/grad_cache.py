@@ -11,7 +11,8 @@ with every document only through their representations, so its gradient factoris
    parameter gradients accumulate to those of the full-batch backward.
 
 Peak activation memory is that of one chunk instead of the batch, at the price of a second
-forward pass. Two traps, both tested in ``tests/test_grad_cache.py``:
+forward pass. Two traps (tested in ``tests/test_grad_cache.py`` and, the all-reduce count,
+``tests/test_distributed.py``):
 
 * dropout: the re-forward must draw the same masks as the first forward, or the cached
   gradient belongs to other representations. The torch RNG state (CPU, and the device's CUDA
