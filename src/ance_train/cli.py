@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from enum import StrEnum
@@ -138,6 +139,13 @@ def serve(
 
     _check_environment()  # fail fast with a clear message before connecting anywhere
     _load(config)
+    if role is Role.trainer:
+        from ance_train.observability.metrics import METRICS_PORT_VAR
+        from ance_train.trainer.distributed import launched_rank
+
+        if (rank := launched_rank()) > 0:  # a data-parallel rank other than 0 (torchrun)
+            work_dir = work_dir / f"rank-{rank}"  # its own dataset copy and downloads
+            os.environ.pop(METRICS_PORT_VAR, None)  # rank 0 serves the trainer's metrics
     options = ServiceOptions(role=role.value, config_path=str(config), redis_url=redis_url,
                              work_dir=str(work_dir), instance=instance or socket.gethostname(),
                              grpc_host=host, grpc_port=port, store_dir=store_dir)

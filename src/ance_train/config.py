@@ -105,6 +105,22 @@ class TrainingConfig(_Strict):
     mixed_precision: Literal["auto", "bf16", "fp16", "off"] = "auto"
     seed: int = 42
     torch_threads: int | None = Field(None, ge=1)
+    processes: int = Field(
+        1, ge=1, description="Data-parallel trainer ranks (DDP); batch_size is the global "
+                             "batch, split over them, every query seeing the documents of all "
+                             "ranks as in-batch negatives (trainer/distributed.py); the "
+                             "trainer is started through torch.distributed.run.")
+    grad_cache_chunk: int | None = Field(
+        None, ge=0, description="GradCache (Gao et al. 2021, arXiv 2101.06983): encode at most "
+                                "this many texts at a time with the graph; the loss is still "
+                                "that of the whole batch. None or 0: off.")
+
+    @model_validator(mode="after")
+    def _check_processes(self) -> TrainingConfig:
+        if self.batch_size < self.processes:
+            raise ValueError(f"training.batch_size ({self.batch_size}) is the global batch: "
+                             f"it must give each of the {self.processes} processes a query")
+        return self
 
 
 def _registry() -> ModuleType:

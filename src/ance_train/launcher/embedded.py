@@ -145,7 +145,7 @@ class EmbeddedRun:
 
     def _spawn(self, role: str, name: str, port: int) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        args = [sys.executable, "-m", "ance_train.cli", "serve", role,
+        args = [*service_command(role, self.config.training.processes), "serve", role,
                 "--config", str(self.resolved_config), "--instance", name,
                 "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
         with open(log_path, "ab") as log:
@@ -276,6 +276,17 @@ class EmbeddedRun:
         write_summary(self.run_dir, result)
         print_summary(result, self.run_dir)
         return result
+
+
+def service_command(role: str, trainer_processes: int = 1) -> list[str]:
+    """How a service process starts: ``python -m ance_train.cli``, or for a data-parallel
+    trainer torch's elastic launcher starting ``trainer_processes`` ranks of it on this machine
+    (rank 0 is the trainer the others see: trainer/distributed.py, trainer/trainer.py)."""
+    if role != "trainer" or trainer_processes == 1:
+        return [sys.executable, "-m", "ance_train.cli"]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", str(trainer_processes), "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port()), "-m", "ance_train.cli"]
 
 
 def _metrics_table(config: RunConfig) -> Table:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,6 +23,11 @@ class TrainingBatch:
     hard_negatives: int             # how many hard negatives the batch holds
     dual_query_texts: list[str]     # DANCE: negative queries of the positives (may be empty)
     dual_allowed: torch.Tensor | None  # [B, B + dual]: query i's positive query + its own ones
+    # How many hard negatives / DANCE negative queries each query brought, in row order (their
+    # columns follow the positives, resp. the B queries, query by query): what a data-parallel
+    # rank needs to cut out its own slice of the global batch (trainer/distributed.py).
+    negatives_per_query: list[int] = field(default_factory=list)
+    dual_per_query: list[int] = field(default_factory=list)
 
 
 class BatchBuilder:
@@ -72,12 +77,14 @@ class BatchBuilder:
                      else [[] for _ in qids])
         columns = positives + [doc for row in negatives for doc in row]
         allowed = self._allowed(choices, columns, [len(row) for row in negatives])
-        dual_texts, dual_allowed = self._dual(qids, positives, dual, dual_per_positive)
+        dual_texts, dual_allowed, dual_counts = self._dual(qids, positives, dual,
+                                                           dual_per_positive)
         return TrainingBatch(
             query_ids=qids, query_texts=[self.queries[q] for q in qids], doc_indices=columns,
             positive_column=torch.arange(len(qids)), allowed=allowed,
             hard_negatives=len(columns) - len(qids),
             dual_query_texts=dual_texts, dual_allowed=dual_allowed,
+            negatives_per_query=[len(row) for row in negatives], dual_per_query=dual_counts,
         )
 
     def _allowed(self, positives: list[list[int]], columns: list[int],
@@ -101,13 +108,13 @@ class BatchBuilder:
         return torch.from_numpy(allowed)
 
     def _dual(self, qids: list[str], positives: list[int], dual: NegativesTable | None,
-              per_positive: int) -> tuple[list[str], torch.Tensor | None]:
+              per_positive: int) -> tuple[list[str], torch.Tensor | None, list[int]]:
         """DANCE Eq. 10: for positive d_i, its query q_i against negative queries near d_i.
 
         The dual table's rows are keyed by document index; its candidates stand for the query
         ids it carries (``candidate_query_ids``)."""
         if dual is None:
-            return [], None
+            return [], None, [0] * len(qids)
         if dual.candidate_query_ids is None:
             raise ValueError(f"the DANCE table of step {dual.step} names no candidate queries "
                              "(candidate_query_ids): it was written by an older version")
@@ -120,7 +127,7 @@ class BatchBuilder:
             allowed[i, i] = True
             allowed[i, column: column + len(rows)] = True
             column += len(rows)
-        return texts, allowed
+        return texts, allowed, [len(rows) for rows in drawn]
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "epoch_order": list(self.epoch_order),

@@ -7,9 +7,11 @@ from torch.nn import functional
 
 
 def contrastive_nll(
-    scores: torch.Tensor, positive_column: torch.Tensor, allowed: torch.Tensor
+    scores: torch.Tensor, positive_column: torch.Tensor, allowed: torch.Tensor,
+    reduction: str = "mean",
 ) -> torch.Tensor:
-    """Mean over queries of ``-log softmax(scores_i)[positive_i]`` over the allowed columns.
+    """Mean over queries of ``-log softmax(scores_i)[positive_i]`` over the allowed columns
+    (``reduction="sum"``: their sum, which a data-parallel rank normalises by the global batch).
 
     ``scores`` is ``[queries, docs]`` (already divided by the temperature), ``allowed`` marks
     which documents count as candidates for each query: its own positive, its own hard
@@ -19,7 +21,7 @@ def contrastive_nll(
     if not bool(allowed.gather(1, positive_column[:, None]).all()):
         raise ValueError("each query's positive column must be allowed")
     masked = scores.float().masked_fill(~allowed, float("-inf"))
-    return functional.cross_entropy(masked, positive_column)
+    return functional.cross_entropy(masked, positive_column, reduction=reduction)
 
 
 def layer_grad_norms(encoder: torch.nn.Module) -> dict[str, float]:

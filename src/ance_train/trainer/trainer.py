@@ -11,11 +11,17 @@ the gradient norms of the bottom / middle / top layers (ANCE Fig. 4).
 A restarted trainer resumes from the newest complete checkpoint of its run: weights,
 optimizer, scheduler, RNG states, batch position, negatives tables and summary records come
 back as they were at that step (:mod:`.training_state`); the checkpoint is not republished.
+
+With ``training.processes`` N (started by ``torch.distributed.run``) the step is computed by N
+data-parallel ranks (:mod:`.distributed`, :mod:`.step`, :mod:`.grad_cache`): rank 0 runs the
+loop above and sends each global batch to the others, which follow (:meth:`Trainer._follow`).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
+import os
 import random
 import time
 from concurrent.futures import Future
@@ -31,15 +37,23 @@ from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.modeling.precision import autocast_context
 from ance_train.negatives.strategies.random import RandomNegatives
 from ance_train.observability.telemetry import TrainerTelemetry
-from ance_train.observability.tracking import open_tracking
+from ance_train.observability.tracking import Tracking, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
 from ance_train.runtime import ServiceContext
 from ance_train.trainer.batches import BatchBuilder
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
-from ance_train.trainer.loss import contrastive_nll, layer_grad_norms
+from ance_train.trainer.distributed import (
+    DistributedContext,
+    broadcast_object,
+    init_from_env,
+    launched_rank,
+    shard_batch,
+)
+from ance_train.trainer.loss import layer_grad_norms
 from ance_train.trainer.negative_sources import NegativesPicker
 from ance_train.trainer.negatives_feed import NegativesFeed
+from ance_train.trainer.step import PairEncoder, backward_step, data_parallel
 from ance_train.trainer.training_state import (
     NegativesInUse,
     TrainingState,
@@ -76,21 +90,31 @@ class Trainer:
         self.ctx = ctx
         cfg = ctx.config
         self.cfg = cfg
-        torch.manual_seed(cfg.training.seed)
+        # Data-parallel ranks (training.processes, started by torch.distributed.run): rank 0
+        # is the trainer the other services see — it picks the negatives, builds each global
+        # batch and sends it to the others, checkpoints, announces and writes the summary;
+        # the other ranks only compute their slice of every step (``_follow``).
+        self.dist = _distributed_context(cfg.training.processes)
+        # Rank r draws its own dropout masks (seed + r; rank 0 as a single process would).
+        torch.manual_seed(cfg.training.seed + self.dist.rank)
         random.seed(cfg.training.seed)
         if cfg.training.torch_threads:
             torch.set_num_threads(cfg.training.torch_threads)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = (torch.device("cuda" if torch.cuda.is_available() else "cpu")
+                       if self.dist.world_size == 1 else self.dist.device())
         self.queue = WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
         self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
                                              ctx.work_dir)
-        self.resumed_from = latest_complete_checkpoint(ctx.store)
+        # Every rank resumes from the checkpoint rank 0 found (not from one rank 0 wrote since).
+        self.resumed_from = broadcast_object(latest_complete_checkpoint(ctx.store), self.dist)
         model_dir = Path(cfg.model.path)
         if self.resumed_from is not None:
             ctx.log.info("resuming from checkpoint %d", self.resumed_from)
             model_dir = self.publisher.fetch(self.resumed_from)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
+        # What a step trains through: DDP over the pair encoder with several ranks.
+        self.encoder = data_parallel(PairEncoder(self.model), self.dist)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
                                            weight_decay=cfg.training.weight_decay)
         self.scheduler = get_linear_schedule_with_warmup(
@@ -105,7 +129,9 @@ class Trainer:
         self.dance = cfg.negatives.strategy("dance")  # DANCE's dual loss (off at weight 0)
         self.record = TrainingRecord()
         self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps)
-        self.tracking = open_tracking(cfg, "trainer", ctx.store, ctx.work_dir)
+        # Rank 0 alone reports, as it alone checkpoints and writes the summary.
+        self.tracking = (open_tracking(cfg, "trainer", ctx.store, ctx.work_dir)
+                         if self.dist.is_main else Tracking([]))
         self.step = 0
         self.in_use_step: int | None = None  # step of the negatives table the last step used
         self.first_step = 1  # the first step this process runs (logged)
@@ -130,6 +156,8 @@ class Trainer:
                      if r.event.step == self.step), None)
 
     def run(self) -> TrainingRecord:
+        if not self.dist.is_main:
+            return self._follow()
         try:
             return self._run()
         finally:
@@ -160,8 +188,8 @@ class Trainer:
                     f"{abandoned.key} could not be encoded "
                     f"({abandoned.error}); with negatives.pool "
                     f"{cfg.negatives.pool} and no BM25 warm-up there is nothing to train on")
-        if self._resume_state is not None:
-            restore_rng(self._resume_state.rng)  # last: nothing may draw before the loop
+        if self._resume_state is not None:  # last: nothing may draw before the loop
+            self._restore_rank_rng(self._resume_state.rng)
         self.first_step = self.step + 1
         dual_weight = self.dance.weight
         while self.step < cfg.training.steps and not ctx.stop.is_set():
@@ -171,7 +199,8 @@ class Trainer:
             source, table = self.picker.pick(self.step)
             table_step = None if table is None else table.reported_step
             dual = self.dance.source(self.feed)
-            batch = self.batches.build(source, dual, self.dance.per_positive)
+            batch = broadcast_object(self.batches.build(source, dual, self.dance.per_positive),
+                                     self.dist)
             negatives_ms = (time.monotonic() - started) * 1000
             if table_step is not None and table_step != self.in_use_step:
                 self.record.swaps.append({"step": self.step, "negatives_step": table_step})
@@ -184,6 +213,7 @@ class Trainer:
             self._log_step(loss, gap, table_step, negatives_ms, time.monotonic() - started)
             if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
                 self._checkpoint(self.step)
+        broadcast_object(None, self.dist)  # the other ranks stop here too
         self.publisher.flush()
         self.publisher.close()
         finished = self.step >= cfg.training.steps
@@ -194,34 +224,49 @@ class Trainer:
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
         return self.record
 
+    def _follow(self) -> TrainingRecord:
+        """A rank other than 0: train on the global batches rank 0 sends (so negatives swap at
+        the same step on every rank) until it sends None. Rank 0 alone checkpoints, announces
+        and reports; this rank's record holds its view of the losses (the global ones)."""
+        cfg = self.cfg
+        self.ctx.state.update(state="running", phase=f"rank {self.dist.rank}",
+                              total=cfg.training.steps, step=self.step)
+        if self._resume_state is None:
+            self._gather_rng()  # rank 0 saves checkpoint 0
+        else:
+            self._restore_rank_rng(self._resume_state.rng)
+        while (batch := broadcast_object(None, self.dist)) is not None:
+            self.step += 1
+            loss, dual_loss = self._optimise(batch, self.dance.weight)
+            self.record.losses.append(loss)
+            self.record.dual_losses.append(dual_loss)
+            self.ctx.state.update(step=self.step, done=self.step, metrics={"loss": loss})
+            if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
+                self._gather_rng()  # rank 0 saves a checkpoint
+        self.ctx.state.update(state="finished", phase="done")
+        return self.record
+
     def _optimise(self, batch, dual_weight: float) -> tuple[float, float | None]:
+        """One optimiser step on this rank's slice of the global batch (the whole batch in a
+        single process): the loss over the global batch, its gradient (cached in chunks with
+        ``training.grad_cache_chunk``), clipping, the update."""
         cfg = self.cfg
         self.model.train()
-        query_texts = batch.query_texts + batch.dual_query_texts
-        queries = self.tokenizer(query_texts, padding=True, truncation=True,
-                                 max_length=cfg.model.max_query_length, return_tensors="pt")
-        docs = self.tokenizer(self.ctx.corpus.texts(batch.doc_indices), padding=True,
+        shard = shard_batch(batch, self.dist.rank, self.dist.world_size)
+        queries = self.tokenizer(shard.query_texts + shard.dual_query_texts, padding=True,
+                                 truncation=True, max_length=cfg.model.max_query_length,
+                                 return_tensors="pt")
+        docs = self.tokenizer(self.ctx.corpus.texts(shard.doc_indices), padding=True,
                               truncation=True, max_length=cfg.model.max_doc_length,
                               return_tensors="pt")
-        size = len(batch.query_texts)
-        with autocast_context(cfg.training.mixed_precision, self.device):
-            q = self.model(queries["input_ids"].to(self.device),
-                           queries["attention_mask"].to(self.device))
-            d = self.model(docs["input_ids"].to(self.device),
-                           docs["attention_mask"].to(self.device))
-            scores = self.model.score(q[:size], d)
-            dual_scores = (self.model.score(d[:size], q)
-                           if batch.dual_allowed is not None else None)
-        loss = contrastive_nll(scores, batch.positive_column.to(self.device),
-                               batch.allowed.to(self.device))
-        dual_loss = None
-        if dual_scores is not None:
-            # DANCE Eq. 12: L = L_norm + λ L_dual, L_dual over d⁺ → {q⁺} ∪ negative queries.
-            dual_loss = contrastive_nll(dual_scores, batch.positive_column.to(self.device),
-                                        batch.dual_allowed.to(self.device))
-            loss = loss + dual_weight * dual_loss
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, dual_loss = backward_step(
+            self.encoder, shard,
+            (queries["input_ids"].to(self.device), queries["attention_mask"].to(self.device)),
+            (docs["input_ids"].to(self.device), docs["attention_mask"].to(self.device)),
+            self.dist, dual_weight if batch.dual_allowed is not None else 0.0,
+            functools.partial(autocast_context, cfg.training.mixed_precision, self.device),
+            cfg.training.grad_cache_chunk)
         every = cfg.negatives.grad_norm_every
         if every and (self.step % every == 0 or self.step == 1):
             self.record.grad_norms.append({"step": self.step,
@@ -229,7 +274,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.training.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        return float(loss.detach()), None if dual_loss is None else float(dual_loss.detach())
+        return loss, dual_loss
 
     def _log_step(self, loss: float, gap: int | None, negatives_step: int | None,
                   negatives_ms: float, seconds: float) -> None:
@@ -271,12 +316,36 @@ class Trainer:
                             in rec.grad_norms[-1].items() if layer != "step"})
         self.tracking.scalars(self.step, scalars)
 
+    def _gather_rng(self) -> dict | None:
+        """Every rank's RNG states, on rank 0, as a checkpoint stores them: rank 0's, with the
+        other ranks' under ``"ranks"`` (one process: just its own). All ranks call it at each
+        checkpoint step."""
+        own = capture_rng()
+        if self.dist.world_size == 1:
+            return own
+        states: list = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(states, own, group=self.dist.group)
+        return {**own, "ranks": states} if self.dist.is_main else None
+
+    def _restore_rank_rng(self, rng: dict) -> None:
+        """A resumed rank's RNG states: its own from the checkpoint (rank 0's if the
+        checkpoint was written by a different number of ranks)."""
+        ranks = rng.get("ranks")
+        if self.dist.world_size == 1:
+            restore_rng(rng)
+        elif ranks is not None and len(ranks) == self.dist.world_size:
+            restore_rng(ranks[self.dist.rank])
+        else:
+            self.ctx.log.warning("checkpoint holds no RNG state for rank %d of %d: using "
+                                 "rank 0's", self.dist.rank, self.dist.world_size)
+            restore_rng(rng)
+
     def _checkpoint(self, step: int) -> None:
         self.record.checkpoints.append(step)
         feed = self.feed
         state = TrainingState(
             step=step, optimizer=self.optimizer.state_dict(),
-            scheduler=self.scheduler.state_dict(), rng=capture_rng(),
+            scheduler=self.scheduler.state_dict(), rng=self._gather_rng(),
             batches=self.batches.state_dict(),
             negatives=NegativesInUse(
                 ann=None if feed.ann is None else feed.ann.step,
@@ -321,5 +390,33 @@ class Trainer:
         return 0.0 if first is None else sum(rec.negatives_ms[first:]) / 1000
 
 
+# Rank 0 may wait long for the first negatives, or save a checkpoint, while the other ranks
+# wait for its next batch.
+RANK_TIMEOUT = datetime.timedelta(hours=6)
+
+
+def _distributed_context(processes: int) -> DistributedContext:
+    """One process, or this rank of ``processes`` started by torch.distributed.run."""
+    if processes == 1:
+        return DistributedContext()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != processes:
+        raise RuntimeError(
+            f"training.processes is {processes} but WORLD_SIZE is {world}: start the trainer "
+            f"with python -m torch.distributed.run --nproc-per-node {processes} -m "
+            "ance_train.cli serve trainer ... (ance-train run does)")
+    return init_from_env(timeout=RANK_TIMEOUT)
+
+
 def serve(ctx: ServiceContext) -> int:
-    return ctx.serve(Trainer(ctx).run, finishes=True)
+    try:
+        if ctx.config.training.processes > 1 and launched_rank() > 0:
+            # Not a service of its own: no gRPC server, no registry entry (rank 0 is the
+            # trainer).
+            ctx.install_signal_handlers()
+            Trainer(ctx).run()
+            return 0
+        return ctx.serve(Trainer(ctx).run, finishes=True)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
