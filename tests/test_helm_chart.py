@@ -27,7 +27,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from ance_train.common.config import parse_config
+from ance_train.config import parse_config
 
 from helm_render import (
     CHART_DIR,
