@@ -385,7 +385,7 @@ def test_secret_is_kept_on_upgrade_via_lookup() -> None:
 
 
 def _services_source() -> str:
-    files = (REPO_ROOT / "services").rglob("*.py")
+    files = (REPO_ROOT / "src" / "ance_train").rglob("*.py")
     return "\n".join(p.read_text() for p in files if "proto" not in p.parts)
 
 
@@ -428,13 +428,13 @@ def test_every_ance_env_var_is_read_by_the_services(
     production_objects: list[dict[str, Any]],
 ) -> None:
     """Every ANCE_* variable the chart sets (extraEnv of the production values included) is
-    named in services/. Fails until the cluster-mode code reads each of them."""
+    named in src/ance_train/. Fails until the cluster-mode code reads each of them."""
     source = _services_source()
     set_by_chart = {name for w in ance_workloads(production_objects).values()
                     for c in containers(w) for name in env_of(c) if name.startswith("ANCE_")}
     assert CONTRACT_ENV | {"ANCE_LOG_LEVEL"} <= set_by_chart
     unread = sorted(n for n in set_by_chart if not re.search(rf"\b{n}\b", source))
-    assert not unread, f"set by the chart but read nowhere in services/: {unread}"
+    assert not unread, f"set by the chart but read nowhere in src/ance_train/: {unread}"
 
 
 def test_external_endpoints(production_objects: list[dict[str, Any]]) -> None:
@@ -771,7 +771,7 @@ def test_dockerignore_keeps_the_context_to_the_package() -> None:
              if line.strip() and not line.startswith("#")]
     assert lines[0] == "*"  # everything excluded, then the package sources allowed back
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "services"}
+    assert allowed == {"pyproject.toml", "README.md", "src"}
     copied = {path.rstrip("/") for name in ("Dockerfile", "Dockerfile.cpu")
               for k, v in ((i["instruction"], i["value"]) for i in _dockerfile(name).structure)
               if k == "COPY" for path in v.split()[:-1]}
