@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-ruff check services tests bench
+ruff check src services tests bench
 # --durations: CI lists the slowest tests, to keep the suite well under 15 minutes.
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"
