@@ -10,6 +10,8 @@ work are single tests, except that:
   overlap one another;
 * a module whose tests share one module-scoped run is one unit (that run happens once).
 
+Larger units go out first, then the slow single tests, then the rest.
+
 The controller that hands out the units collects nothing itself, so it goes by module
 (``WORK_UNITS``); every worker checks at collection that each ``fault`` test lies in a
 module of the ``fault`` unit. (xdist's own ``loadgroup`` reads ``xdist_group`` marks through
@@ -18,6 +20,7 @@ a suffix it writes into node ids, which pytest 9.2 no longer takes: pytest-xdist
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,11 +39,19 @@ FAULT_MODULES = ("test_duplicate_events.py", "test_fault_corrupt_checkpoint.py",
 SHARED_RUN_MODULES = ("test_e2e.py", "test_kube_status.py")
 WORK_UNITS = {**dict.fromkeys(FAULT_MODULES, "fault"),
               **{name: name for name in SHARED_RUN_MODULES}}
+# Slow single tests are handed out first (after the larger units), so that a run ends on short
+# tests on every worker. A stale entry here costs only speed.
+SLOW_FIRST_MODULES = ("test_strategies_e2e.py", "test_bench_quality.py", "test_launcher.py",
+                      "test_scale_replicas.py", "test_zero_shot_refresh.py", "test_prepare.py")
+
+
+def _module(nodeid: str) -> str:
+    return Path(nodeid.split("::", 1)[0]).name
 
 
 def work_unit(nodeid: str) -> str:
     """The unit of work (for pytest-xdist) that the test ``nodeid`` belongs to."""
-    return WORK_UNITS.get(Path(nodeid.split("::", 1)[0]).name, nodeid)
+    return WORK_UNITS.get(_module(nodeid), nodeid)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,6 +63,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("fault") and work_unit(item.nodeid) != "fault":
             raise pytest.UsageError(f"{item.nodeid} is a fault test: add its module to "
                                     "FAULT_MODULES in tests/conftest.py")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker orders alike: one collection
+        items.sort(key=lambda item: _module(item.nodeid) not in SLOW_FIRST_MODULES)
 
 
 @pytest.hookimpl(optionalhook=True)
