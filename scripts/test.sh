@@ -6,5 +6,8 @@ bash scripts/setup.sh dev,k8s
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ruff check src services tests bench
-# --durations: CI lists the slowest tests, to keep the suite well under 15 minutes.
-python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+# Two workers (pytest-xdist; tests/conftest.py says how the tests are shared out): most of the
+# end-to-end tests' time is services starting and waiting on one another, so on two cores two
+# runs overlap well. Later arguments win: `bash scripts/test.sh -n 0` runs in one process.
+# --durations: CI lists the slowest tests, to keep the suite well under 12 minutes.
+python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15 "$@"

@@ -1,7 +1,26 @@
-"""Fixtures that start real servers: Redis (redis-server process) and S3 (moto server)."""
+"""Fixtures that start real servers: Redis (redis-server process) and S3 (moto server), and
+how pytest-xdist shares the tests out.
+
+``scripts/test.sh`` runs ``-n 2 --dist loadgroup``. Each worker picks ports from its own
+slice (``ANCE_PORT_RANGE``, inherited by the servers and launchers it starts). The units of
+work are single tests, except that:
+
+* the fault-injection tests (marked ``fault``) are one unit: they run one after another on
+  one worker, as ``bench/reliability.py`` runs them, so their outages and timings never
+  overlap one another;
+* a module whose tests share one module-scoped run is one unit (that run happens once).
+
+Larger units go out first, then the slow single tests, then the rest.
+
+The controller that hands out the units collects nothing itself, so it goes by module
+(``WORK_UNITS``); every worker checks at collection that each ``fault`` test lies in a
+module of the ``fault`` unit. (xdist's own ``loadgroup`` reads ``xdist_group`` marks through
+a suffix it writes into node ids, which pytest 9.2 no longer takes: pytest-xdist#1386.)
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +30,58 @@ from ance_train.infra.bus import EventBus, connect
 from ance_train.launcher.redis_server import RedisServer
 
 from helpers import make_scifact_subset, make_tiny_bert
-from servers import moto_server
+from servers import moto_server, use_worker_port_range
+
+FAULT_MODULES = ("test_duplicate_events.py", "test_fault_corrupt_checkpoint.py",
+                 "test_fault_corrupt_shard.py", "test_fault_redis_restart.py",
+                 "test_fault_store_outage.py", "test_indexer_restart.py",
+                 "test_shard_reclaim.py", "test_trainer_restart.py")
+SHARED_RUN_MODULES = ("test_e2e.py", "test_kube_status.py", "test_distributed.py")
+WORK_UNITS = {**dict.fromkeys(FAULT_MODULES, "fault"),
+              **{name: name for name in SHARED_RUN_MODULES}}
+# Slow single tests are handed out first (after the larger units), so that a run ends on short
+# tests on every worker. A stale entry here costs only speed.
+SLOW_FIRST_MODULES = ("test_strategies_e2e.py", "test_bench_quality.py", "test_launcher.py",
+                      "test_scale_replicas.py", "test_zero_shot_refresh.py", "test_prepare.py",
+                      "test_trainer_ranks.py", "test_api.py", "test_export.py")
+
+
+def _module(nodeid: str) -> str:
+    return Path(nodeid.split("::", 1)[0]).name
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work (for pytest-xdist) that the test ``nodeid`` belongs to."""
+    return WORK_UNITS.get(_module(nodeid), nodeid)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    use_worker_port_range()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("fault") and work_unit(item.nodeid) != "fault":
+            raise pytest.UsageError(f"{item.nodeid} is a fault test: add its module to "
+                                    "FAULT_MODULES in tests/conftest.py")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker orders alike: one collection
+        items.sort(key=lambda item: _module(item.nodeid) not in SLOW_FIRST_MODULES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling (largest units first, then one unit at a time to whichever
+        worker runs dry) over the units of ``work_unit``."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)
 
 
 @pytest.fixture

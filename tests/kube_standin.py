@@ -32,6 +32,8 @@ from typing import Any
 
 import jsonschema
 
+from ance_train.launcher.ports import free_port
+
 VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 
 
@@ -99,7 +101,9 @@ class KubeStandIn:
         self.rejected: list[str] = []  # why a patch was refused (422)
         self.events: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
-        self.port = 0
+        # Below the ephemeral range (and in this test worker's slice): while the stand-in is
+        # down, no outgoing connection can be given its port, so it comes back on it.
+        self.port = free_port()
         self._server: ThreadingHTTPServer | None = None
 
     @property

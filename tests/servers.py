@@ -4,17 +4,45 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 
+from ance_train.launcher import ports
 from ance_train.launcher.ports import free_port
 
 MOTO_ACCESS_KEY = "testing"
 MOTO_SECRET_KEY = "testing-secret"
 MOTO_BUCKET = "ance-test"
+
+
+def worker_port_range(span: tuple[int, int] | None, index: int, count: int
+                      ) -> tuple[int, int] | None:
+    """Slice ``index`` of ``count`` equal, disjoint slices of the port range ``span``: where
+    parallel test worker ``index`` picks its ports (None: no range, or too little of it)."""
+    if span is None:
+        return None
+    low, high = span
+    size = (high - low) // count
+    if size < 100:
+        return None
+    return low + index * size, low + (index + 1) * size
+
+
+def use_worker_port_range(environ: dict[str, str] | os._Environ = os.environ) -> None:
+    """In pytest-xdist worker gwN of M, set ``ANCE_PORT_RANGE`` to slice N of M of the range
+    in effect: the workers (and the servers and launchers they start, which inherit it) never
+    pick the same port. Outside xdist nothing changes."""
+    worker = environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...
+    if not worker:
+        return
+    span = worker_port_range(ports.picked_range(), int(worker.removeprefix("gw")),
+                             int(environ["PYTEST_XDIST_WORKER_COUNT"]))
+    if span is not None:
+        environ[ports.PORT_RANGE_ENV] = f"{span[0]}-{span[1]}"
 
 
 def _answers(port: int) -> bool:

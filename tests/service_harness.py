@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,10 +10,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
 import yaml
 
 from ance_train.config import load_config
 from ance_train.data.validation import validate_dataset
+from ance_train.infra.bus import EventBus
 from ance_train.infra.store import LocalStore, ObjectStore, S3Store
 from ance_train.runtime import publish_dataset
 
@@ -110,6 +113,25 @@ def wait_registered(harness: Harness, bus, process: subprocess.Popen, role: str,
     wait_until(lambda: f"{role}:{instance}" in bus.services() or process.poll() is not None,
                timeout_s, f"{role} {instance} registered")
     assert process.poll() is None, harness.log(instance)
+
+
+def registered_services(run_dir: Path, run_id: str, password: str | None = None
+                        ) -> dict[str, str]:
+    """The services registered so far in the private Redis of the ``ance-train run`` in
+    ``run_dir`` ({} while it is not up). Read in this process: a cheap check to make before
+    running ``ance-train status``, which costs a second of CPU per call."""
+    try:
+        url = json.loads((run_dir / "endpoints.json").read_text())["redis_url"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    client = redis.Redis.from_url(url, password=password, decode_responses=True,
+                                  socket_timeout=2)
+    try:
+        return EventBus(client, run_id).services()
+    except redis.RedisError:
+        return {}
+    finally:
+        client.close()
 
 
 def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:

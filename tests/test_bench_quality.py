@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ance_train.launcher import ports
+
 from helpers import REPO
+from servers import worker_port_range
 
 
 def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny_model) -> None:
@@ -22,11 +26,31 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
               "--set", "training.learning_rate=3e-5", "--runs-dir", str(tmp_path / "runs"),
               "--out", str(out)]
     parts = [("in-batch", "7"), ("ance", "7"), ("in-batch", "8")]
-    for method, seed in parts:
-        result = subprocess.run([*common, "--methods", method, "--seeds", seed, "--name",
-                                 f"part-{method}-{seed}.v1"],
-                                capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # The parts share nothing (own runs, own output names): they run side by side, each
+    # picking its ports from its own share of this process's range.
+    spans = [worker_port_range(ports.picked_range(), i, len(parts)) for i in range(len(parts))]
+    running = []
+    for (method, seed), span in zip(parts, spans, strict=True):
+        name = f"part-{method}-{seed}.v1"
+        env = dict(os.environ)
+        if span is not None:
+            env[ports.PORT_RANGE_ENV] = f"{span[0]}-{span[1]}"
+        with open(tmp_path / f"{name}.log", "wb") as log:
+            running.append((name, subprocess.Popen(
+                [*common, "--methods", method, "--seeds", seed, "--name", name],
+                stdout=log, stderr=subprocess.STDOUT, env=env)))
+    try:
+        for name, process in running:
+            assert process.wait(timeout=600) == 0, (tmp_path / f"{name}.log").read_text()[-6000:]
+    finally:  # after a failure: SIGTERM, on which the benchmark stops its run first
+        for _, process in running:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=180)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
     # The same command again reuses the finished run instead of training it again.
     again = subprocess.run([*common, "--methods", "in-batch", "--seeds", "7", "--name",
                             "again"], capture_output=True, text=True, timeout=300)

@@ -28,7 +28,7 @@ from ance_train.protocol.tables import TableId
 from ance_train.protocol.work import CORPUS, QUERIES, RefreshPlan, query_order
 
 from helpers import assert_export_loads_like, card_metrics, model_card_metadata, write_config
-from service_harness import wait_until
+from service_harness import registered_services, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +52,7 @@ def finished_run(tmp_path_factory, s3_env, tiny_model, scifact_subset):
         [sys.executable, "-m", "ance_train.cli", "run", "--config", str(config_path),
          "--max-minutes", "8"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    statuses = poll_status_while_running(process, config_path, env)
+    statuses = poll_status_while_running(process, config_path, env, root / "runs" / "e2e")
     searches = search_while_running(process, config_path, env, statuses)
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output
@@ -66,10 +66,14 @@ def finished_run(tmp_path_factory, s3_env, tiny_model, scifact_subset):
             "summary": json.loads((run_dir / "summary.json").read_text())}
 
 
-def poll_status_while_running(process, config_path: Path, env: dict) -> list[dict]:
+def poll_status_while_running(process, config_path: Path, env: dict, run_dir: Path
+                              ) -> list[dict]:
     """`ance-train status` against the live run, until it lists every service once."""
     deadline = time.monotonic() + 120
     while process.poll() is None and time.monotonic() < deadline:
+        if len(registered_services(run_dir, "e2e")) < 4:  # not yet: spare a CLI call
+            time.sleep(0.2)
+            continue
         reply = subprocess.run([sys.executable, "-m", "ance_train.cli", "status", "--config",
                                 str(config_path), "--json"], capture_output=True, text=True,
                                env=env)

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from helpers import write_config
-from service_harness import wait_until
+from service_harness import registered_services, wait_until
 
 
 def ance(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -96,6 +96,8 @@ def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
                                 preexec_fn=_ignore_sigint)
 
     def all_services_up() -> bool:
+        if len(registered_services(run_dir, "launch", "launcher-test-secret")) < 4:
+            return False  # not yet: spare a call of the CLI
         reply = ance("status", "--config", str(config_path), "--json", env=env)
         rows = json.loads(reply.stdout) if reply.returncode == 0 else []
         return len(rows) == 4 and all(r["state"] != "unreachable" for r in rows)

@@ -22,15 +22,19 @@ from helpers import write_config
 
 pytestmark = pytest.mark.e2e
 
-STEPS, REFRESH, BATCH = 40, 10, 8
+STEPS, REFRESH, BATCH = 20, 10, 8  # checkpoints 0, 10 and 20: two refreshes after zero-shot
+# BM25 → ANCE switches to ANN negatives once checkpoint 0's refresh is done (about as long as
+# 20 steps): with twice the steps the ANN negatives come in well before the run ends.
+ANN_AFTER_WARMUP_STEPS = 40
 
 
-def run_strategy(root: Path, data: Path, model: Path, negatives: dict, **model_cfg) -> dict:
+def run_strategy(root: Path, data: Path, model: Path, negatives: dict, steps: int = STEPS,
+                 **model_cfg) -> dict:
     config_path = write_config(
         root / "config.yaml", run_id="strategy", output_dir=str(root / "runs"),
         data={"path": str(data), "dev_fraction": 0.2},
         model={"path": str(model), "max_query_length": 24, "max_doc_length": 96, **model_cfg},
-        training={"steps": STEPS, "batch_size": BATCH, "refresh_every": REFRESH,
+        training={"steps": steps, "batch_size": BATCH, "refresh_every": REFRESH,
                   "warmup_steps": 3, "learning_rate": 1e-4, "torch_threads": 1},
         negatives={"top_k": 30, "bm25": {"top_k": 30}, "simans": {"top_k": 30},
                    "dance": {"top_k": 10}, "grad_norm_every": 5, **negatives},
@@ -55,10 +59,10 @@ def run_strategy(root: Path, data: Path, model: Path, negatives: dict, **model_c
 
 
 def common_checks(run: dict) -> None:
-    trainer = run["trainer"]
-    assert trainer["finished"] and trainer["steps"] == STEPS
+    trainer, total = run["trainer"], run["config"].training.steps
+    assert trainer["finished"] and trainer["steps"] == total
     steps = [e["step"] for e in run["summary"]["evaluations"]]
-    assert steps[0] == 0 and steps[-1] == STEPS
+    assert steps[0] == 0 and steps[-1] == total
     for evaluation in run["summary"]["evaluations"]:
         assert 0.0 <= evaluation["metrics"]["dev"]["ndcg@10"] <= 1.0
     assert all(np.isfinite(trainer["losses"]))
@@ -115,7 +119,8 @@ def test_bm25_plus_random(tmp_path, scifact_subset, small_model) -> None:
 
 def test_bm25_warmup_then_ance(tmp_path, scifact_subset, small_model) -> None:
     run = run_strategy(tmp_path, scifact_subset, small_model,
-                       {"pool": "ann", "warmup": "bm25", "warmup_steps": 12})
+                       {"pool": "ann", "warmup": "bm25", "warmup_steps": 12},
+                       steps=ANN_AFTER_WARMUP_STEPS)
     common_checks(run)
     swaps = run["trainer"]["swaps"]
     assert swaps[0] == {"step": 1, "negatives_step": -1}

@@ -8,11 +8,18 @@ way. Ports below the ephemeral range are never handed to outgoing connections, s
 picked at random there can only be lost to another explicit bind to that very number. A
 process never hands out the same port twice (the launcher picks every service's ports
 before any of them binds), so its own picks cannot collide either.
+
+Separate processes that pick at the same time (parallel test workers, each starting servers
+and ``ance-train run`` launchers) can still pick the same number and both find it free. Give
+each one its own slice with ``ANCE_PORT_RANGE=LOW-HIGH`` (ports LOW to HIGH-1, inherited by
+child processes; tests/conftest.py sets one per pytest-xdist worker): picks then come from
+that slice only, and the kernel assigns a port only when the slice has none free.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import socket
 from pathlib import Path
@@ -20,6 +27,7 @@ from pathlib import Path
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL_LOW = 32768  # Linux's default when /proc is not readable
 LOWEST_PICKED_PORT = 10000  # leave well-known and registered service ports alone
+PORT_RANGE_ENV = "ANCE_PORT_RANGE"
 _ATTEMPTS = 200
 _handed_out: set[int] = set()  # ports this process returned before
 
@@ -30,6 +38,27 @@ def ephemeral_port_low() -> int:
         return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return DEFAULT_EPHEMERAL_LOW
+
+
+def picked_range() -> tuple[int, int] | None:
+    """``(low, high)``: picks come from ports low to high-1; None when there is too little
+    room below the ephemeral range (the kernel picks then).
+
+    ``ANCE_PORT_RANGE`` ("LOW-HIGH") sets the range; a malformed value is an error, never
+    silently ignored (two processes could then pick from the same ports again).
+    """
+    value = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if value:
+        try:
+            low, high = (int(part) for part in value.split("-"))
+        except ValueError:
+            raise ValueError(f"{PORT_RANGE_ENV}={value!r}: expected LOW-HIGH, e.g. 10000-20000"
+                             ) from None
+        if not 1 <= low < high <= 65536:
+            raise ValueError(f"{PORT_RANGE_ENV}={value!r}: expected 1 <= LOW < HIGH <= 65536")
+        return low, high
+    high = ephemeral_port_low()
+    return (LOWEST_PICKED_PORT, high) if high - LOWEST_PICKED_PORT >= 1000 else None
 
 
 def _try_bind(port: int) -> int | None:
@@ -43,14 +72,15 @@ def _try_bind(port: int) -> int | None:
 
 
 def free_port() -> int:
-    """Return a port on 127.0.0.1 that is free now and outside the ephemeral range.
+    """Return a port on 127.0.0.1 that is free now and outside the ephemeral range (inside
+    ``ANCE_PORT_RANGE`` when that is set).
 
-    Falls back to a kernel-assigned port when the ephemeral range leaves no room below it.
+    Falls back to a kernel-assigned port when the ephemeral range leaves no room below it, or
+    no port of the range was free.
     """
-    high = ephemeral_port_low()
-    below_range = ((random.randrange(LOWEST_PICKED_PORT, high) for _ in range(_ATTEMPTS))
-                   if high - LOWEST_PICKED_PORT >= 1000 else ())
-    for candidate in itertools.chain(below_range, itertools.repeat(0, _ATTEMPTS)):
+    span = picked_range()
+    picks = ((random.randrange(*span) for _ in range(_ATTEMPTS)) if span is not None else ())
+    for candidate in itertools.chain(picks, itertools.repeat(0, _ATTEMPTS)):
         if candidate in _handed_out:
             continue
         port = _try_bind(candidate)
