@@ -18,7 +18,7 @@ import numpy as np
 from ance_train.data.dataset import DatasetIndex
 from ance_train.index.ann import AnnIndex
 from ance_train.negatives.strategies.base import AnnRefresh
-from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable, remove_positives
+from ance_train.negatives.table import PAD, NegativesTable, remove_positives, source_codes
 
 if TYPE_CHECKING:
     from ance_train.config import NegativesConfig
@@ -130,7 +130,7 @@ class Miner:
             step=step, index=index, queries=queries, anchor_vectors=anchor_vectors,
             candidates=candidates, scores=scores, positive_scores=positive_scores,
             probabilities=self.probabilities(candidates, scores, positive_scores),
-            sources=np.where(candidates != PAD, SOURCE_CODE["ann"], -1).astype(np.int8),
+            sources=source_codes(candidates, "ann"),
             depth=k, previous=previous, rng=rng, cancel=cancel,
             search_batch=search_batch)
         table = self.pool.mine(self, refresh)

@@ -112,6 +112,11 @@ def source_counts(table: NegativesTable) -> dict[str, int]:
             enumerate(SOURCES) if ((table.sources == code) & valid).any()}
 
 
+def source_codes(candidates: np.ndarray, source: str) -> np.ndarray:
+    """The ``sources`` array of candidates that all come from ``source`` (-1 on padding)."""
+    return np.where(candidates != PAD, SOURCE_CODE[source], -1).astype(np.int8)
+
+
 def uniform_probabilities(candidates: np.ndarray) -> np.ndarray:
     """ANCE §4/§5: negatives are sampled uniformly from the ANN top-K minus the positives."""
     valid = (candidates != PAD).astype(np.float32)

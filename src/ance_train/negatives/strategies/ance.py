@@ -35,9 +35,9 @@ from ance_train.negatives.strategies.base import (
 )
 from ance_train.negatives.table import (
     PAD,
-    SOURCE_CODE,
     NegativesTable,
     remove_positives,
+    source_codes,
     uniform_probabilities,
 )
 from ance_train.protocol.tables import TableId
@@ -58,7 +58,7 @@ def ance_negatives(
         step=step, query_ids=np.array(query_ids), candidates=candidates,
         scores=candidate_scores, positive_scores=positive_scores.astype(np.float32),
         probabilities=uniform_probabilities(candidates),
-        sources=np.where(candidates != PAD, SOURCE_CODE["ann"], -1).astype(np.int8),
+        sources=source_codes(candidates, "ann"),
     )
 
 

@@ -30,10 +30,9 @@ from pydantic import Field
 
 from ance_train.negatives.strategies.base import LossStrategy, StrategySettings, TableHolder
 from ance_train.negatives.table import (
-    PAD,
-    SOURCE_CODE,
     NegativesTable,
     remove_positives,
+    source_codes,
     uniform_probabilities,
 )
 
@@ -65,7 +64,7 @@ def dual_query_negatives(
         step=step, query_ids=np.array([str(d) for d in positive_docs]), candidates=kept,
         scores=kept_scores, positive_scores=np.zeros(len(positive_docs), np.float32),
         probabilities=uniform_probabilities(kept),
-        sources=np.where(kept != PAD, SOURCE_CODE["ann"], -1).astype(np.int8),
+        sources=source_codes(kept, "ann"),
         candidate_query_ids=np.array(query_ids, dtype=np.str_))
 
 
