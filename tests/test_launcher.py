@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from helpers import write_config
-from service_harness import registered_services, wait_until
+from service_harness import processes_mentioning, registered_services, wait_until
 
 
 def ance(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -110,30 +110,16 @@ def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
         redis.Redis.from_url(redis_url).ping()  # no password: refused
     port = redis_url.rsplit(":", 1)[1]
     redis_marker = f"127.0.0.1:{port.split('/')[0]}"  # redis-server rewrites its title
-    children = _processes_mentioning(str(run_dir)) + _processes_mentioning(redis_marker)
+    children = processes_mentioning(str(run_dir)) + processes_mentioning(redis_marker)
     assert len(children) == 5, children  # redis + trainer + indexer + 2 inferencers
     launcher.send_signal(signal.SIGINT)
     _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode == 130, stderr
     assert "all services stopped" in stderr
     time.sleep(0.5)
-    assert _processes_mentioning(str(run_dir)) == [], "orphan services after Ctrl-C"
-    assert _processes_mentioning(redis_marker) == [], "redis-server left running after Ctrl-C"
+    assert processes_mentioning(str(run_dir)) == [], "orphan services after Ctrl-C"
+    assert processes_mentioning(redis_marker) == [], "redis-server left running after Ctrl-C"
 
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmdline[:120]}")
-    return found

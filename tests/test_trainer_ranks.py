@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from ance_train.trainer.trainer import Trainer
 
 from distributed_world import make_model
 from helpers import write_config
-from service_harness import Harness
+from service_harness import Harness, processes_mentioning
 
 STEPS = 5
 EVERY = 3
@@ -143,21 +142,7 @@ def test_embedded_run_with_two_trainer_processes(tmp_path: Path, scifact_subset:
     assert all(math.isfinite(loss) for loss in trainer["losses"])
     assert (run_dir / "work" / "trainer" / "rank-1").is_dir()
     time.sleep(0.5)
-    assert _processes_mentioning(str(run_dir)) == [], "a trainer rank outlived the run"
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmdline[:120]}")
-    return found
+    assert processes_mentioning(str(run_dir)) == [], "a trainer rank outlived the run"
 
 
 def test_service_command_starts_trainer_ranks_through_torchrun() -> None:
