@@ -29,6 +29,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from ance_train.config import parse_config
+from ance_train.launcher.embedded import service_command
 
 from helm_render import (
     CHART_DIR,
@@ -825,6 +826,209 @@ def test_notes_tell_how_to_watch_the_run() -> None:
         "ance-train search --run-id ance-run",
     ):
         assert line in notes, line
+
+
+# --------------------------------------------------------------------------- trainer ranks
+
+RANKS = {"trainer": {"nodes": 2, "procsPerNode": 4, "gpus": 4,
+                     "ncclEnv": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": 1}}}
+RANKS_SERVICE = f"{FULLNAME}-ranks"
+
+
+@pytest.fixture(scope="module")
+def ranks_objects() -> list[dict[str, Any]]:
+    return render_chart(RANKS)
+
+
+def _flag(command: list[str], name: str) -> str:
+    assert command.count(name) == 1, (name, command)
+    return command[command.index(name) + 1]
+
+
+def _flags(command: list[str]) -> set[str]:
+    return {arg for arg in command if arg.startswith("--")}
+
+
+def test_trainer_ranks_lint_strict_passes() -> None:
+    result = lint_chart(RANKS)
+    assert result.ok, result.errors
+
+
+def test_default_trainer_is_one_process_as_before(default_objects: list[dict[str, Any]]) -> None:
+    job = one(default_objects, "Job", f"{FULLNAME}-trainer")
+    spec = job["spec"]
+    assert "completionMode" not in spec
+    assert (spec["completions"], spec["parallelism"]) == (1, 1)
+    assert "subdomain" not in pod_spec(job)
+    main = pod_spec(job)["containers"][0]
+    assert "command" not in main and main["args"] == ["serve", "trainer"]
+    assert not any(k.startswith("NCCL_") for k in env_of(main))
+    assert "/dev/shm" not in {m["mountPath"] for m in main["volumeMounts"]}
+    assert not find(default_objects, "Service", RANKS_SERVICE)
+    assert not find(default_objects, "NetworkPolicy", f"{FULLNAME}-trainer-ranks")
+    config = yaml.safe_load(one(default_objects, "ConfigMap", f"{FULLNAME}-config")["data"][
+        "config.yaml"])
+    assert "processes" not in config["training"]
+
+
+def test_trainer_ranks_indexed_job_headless_service_and_torchrun(
+    ranks_objects: list[dict[str, Any]],
+) -> None:
+    job = one(ranks_objects, "Job", f"{FULLNAME}-trainer")
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert (spec["completions"], spec["parallelism"]) == (2, 2)
+    assert spec["backoffLimit"] == 4
+    service = one(ranks_objects, "Service", RANKS_SERVICE)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(job))
+    others = [w for r, w in ance_workloads(ranks_objects).items() if r != "trainer"]
+    assert not any(selects({"matchLabels": service["spec"]["selector"]}, pod_labels(w))
+                   for w in others)
+    assert pod_spec(job)["subdomain"] == RANKS_SERVICE
+
+    main = pod_spec(job)["containers"][0]
+    command = main["command"]
+    assert command[:3] == ["python", "-m", "torch.distributed.run"]
+    assert _flag(command, "--nnodes") == "2"
+    assert _flag(command, "--nproc-per-node") == "4"
+    assert _flag(command, "--node-rank") == "$(JOB_COMPLETION_INDEX)"
+    assert _flag(command, "--rdzv-backend") == "c10d"
+    # Pod 0 of the Indexed Job, by its hostname under the headless Service.
+    assert _flag(command, "--rdzv-endpoint") == f"{FULLNAME}-trainer-0.{RANKS_SERVICE}:29400"
+    assert _flag(command, "--rdzv-id") == RELEASE
+    assert _flag(command, "--max-restarts") == "3"
+    assert "--master-addr" not in command and "--master-port" not in command
+    assert command[-2:] == ["-m", "ance_train.cli"]
+    assert main["args"] == ["serve", "trainer"]
+
+    env = env_of(main)
+    assert env["NCCL_SOCKET_IFNAME"]["value"] == "eth0"
+    assert env["NCCL_IB_DISABLE"]["value"] == "1"
+    assert set(env) >= CONTRACT_ENV
+    assert not any(k.startswith("NCCL_") for k in env_of(pod_spec(job)["initContainers"][0]))
+    (shm,) = [v for v in pod_spec(job)["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    mounts = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}
+    assert mounts["/dev/shm"] == "dshm"
+    assert main["resources"]["requests"]["nvidia.com/gpu"] == 4  # per pod
+    # Only pod 0 runs global rank 0, which serves gRPC: no gRPC probes on the other pods, and
+    # the trainer's Service sends Status / metrics to pod 0 only.
+    assert not {"startupProbe", "readinessProbe", "livenessProbe"} & set(main)
+    grpc_service = one(ranks_objects, "Service", f"{FULLNAME}-trainer")
+    assert grpc_service["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
+
+    config = parse_config(yaml.safe_load(
+        one(ranks_objects, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"]))
+    assert config.training.processes == 8
+    _validate_all(ranks_objects)
+
+
+def test_trainer_ranks_within_one_pod_keep_probes() -> None:
+    objects = render_chart({"trainer": {"procsPerNode": 2, "gpus": 2, "maxRestarts": 0}})
+    job = one(objects, "Job", f"{FULLNAME}-trainer")
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (1, 1)
+    main = pod_spec(job)["containers"][0]
+    assert _flag(main["command"], "--nnodes") == "1"
+    assert _flag(main["command"], "--nproc-per-node") == "2"
+    assert _flag(main["command"], "--max-restarts") == "0"
+    assert main["readinessProbe"]["grpc"] == {"port": 50051}  # pod 0 holds rank 0
+    service = one(objects, "Service", f"{FULLNAME}-trainer")
+    assert "batch.kubernetes.io/job-completion-index" not in service["spec"]["selector"]
+    one(objects, "Service", RANKS_SERVICE)
+    _validate_all(objects)
+
+
+def test_trainer_ranks_command_matches_the_embedded_launcher(
+    ranks_objects: list[dict[str, Any]],
+) -> None:
+    """Cluster and embedded mode start the same rank code with the same launcher flags; only
+    how the ranks meet differs (c10d rendezvous here, a local master address there)."""
+    embedded = [*service_command("trainer", 4), "serve", "trainer"]
+    main = pod_spec(one(ranks_objects, "Job", f"{FULLNAME}-trainer"))["containers"][0]
+    rendered = [*main["command"], *main["args"]]
+    assert embedded[1:3] == rendered[1:3] == ["-m", "torch.distributed.run"]
+    assert _flag(embedded, "--nproc-per-node") == "4" == _flag(rendered, "--nproc-per-node")
+    assert _flag(embedded, "--nnodes") == "1"
+    tail = ["-m", "ance_train.cli", "serve", "trainer"]
+    assert embedded[-4:] == rendered[-4:] == tail
+    assert rendered.count("-m") == embedded.count("-m") == 2
+    # Every flag name the embedded launcher passes is passed here, but its local rendezvous.
+    assert _flags(embedded) - {"--master-addr", "--master-port"} <= _flags(rendered)
+    # And the single-process trainer: the same module as `python -m ance_train.cli`.
+    assert service_command("trainer", 1)[1:] == ["-m", "ance_train.cli"]
+
+
+def test_trainer_ranks_network_policy(ranks_objects: list[dict[str, Any]]) -> None:
+    job = one(ranks_objects, "Job", f"{FULLNAME}-trainer")
+    policy = one(ranks_objects, "NetworkPolicy", f"{FULLNAME}-trainer-ranks")["spec"]
+    assert selects(policy["podSelector"], pod_labels(job))
+    assert not any(selects(policy["podSelector"], pod_labels(w))
+                   for r, w in ance_workloads(ranks_objects).items() if r != "trainer")
+    (ingress,) = policy["ingress"]
+    (egress,) = policy["egress"]
+    # All ports: rendezvous, the process group's store and NCCL sockets use ports picked at run
+    # time; only trainer pods, both ways.
+    assert "ports" not in ingress and "ports" not in egress
+    for (peer,) in (ingress["from"], egress["to"]):
+        assert set(peer) == {"podSelector"}
+        assert selects(peer["podSelector"], pod_labels(job))
+        assert not any(selects(peer["podSelector"], pod_labels(w))
+                       for r, w in ance_workloads(ranks_objects).items() if r != "trainer")
+    # The services' policy is unchanged.
+    services = one(ranks_objects, "NetworkPolicy", f"{FULLNAME}-services")
+    assert services == one(render_chart(), "NetworkPolicy", f"{FULLNAME}-services")
+    no_policy = render_chart({**RANKS, "networkPolicy": {"enabled": False}})
+    assert not find(no_policy, "NetworkPolicy")
+
+
+@pytest.mark.parametrize(
+    ("trainer", "field"),
+    [
+        ({"nodes": 0}, "/trainer/nodes"),
+        ({"nodes": 1.5}, "/trainer/nodes"),
+        ({"procsPerNode": 0}, "/trainer/procsPerNode"),
+        ({"maxRestarts": -1}, "/trainer/maxRestarts"),
+        ({"shmSize": "lots"}, "/trainer/shmSize"),
+        ({"ncclEnv": {"GLOO_SOCKET_IFNAME": "eth0"}}, "GLOO_SOCKET_IFNAME"),
+        ({"ncclEnv": {"nccl_debug": "INFO"}}, "nccl_debug"),
+    ],
+)
+def test_values_schema_rejects_bad_trainer_ranks(trainer: dict[str, Any], field: str) -> None:
+    with pytest.raises(HelmError) as failure:
+        render_manifests({"trainer": trainer})
+    message = str(failure.value)
+    assert "schema" in message or "at '" in message, message
+    assert field in message, message
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"trainer": {"nodes": 2}, "run": {"config": {"training": {"processes": 4}}}},
+         "training.processes is 4"),
+        ({"trainer": {"procsPerNode": 4, "gpus": 2}}, "trainer.gpus is 2"),
+    ],
+    ids=["processes-disagree", "too-few-gpus"],
+)
+def test_trainer_ranks_inconsistent_values_fail_the_render(
+    values: dict[str, Any], expected: str,
+) -> None:
+    with pytest.raises(HelmError) as failure:
+        render_manifests(values)
+    assert expected in str(failure.value), str(failure.value)
+
+
+def test_run_config_processes_set_equal_to_the_ranks_is_kept() -> None:
+    objects = render_chart({"trainer": {"nodes": 3, "gpus": 0},
+                            "run": {"config": {"training": {"processes": 3}}}})
+    config = yaml.safe_load(one(objects, "ConfigMap", f"{FULLNAME}-config")["data"][
+        "config.yaml"])
+    assert config["training"]["processes"] == 3
+    assert one(objects, "Job", f"{FULLNAME}-trainer")["spec"]["completions"] == 3
+
 
 
 # --------------------------------------------------------------------------- images

@@ -63,6 +63,16 @@ matchLabels:
 {{- include "ance-train.fullname" . }}
 {{- end }}
 
+{{/* Data-parallel trainer ranks: trainer.nodes pods × trainer.procsPerNode processes. */}}
+{{- define "ance-train.trainerRanks" -}}
+{{- mul (.Values.trainer.nodes | default 1 | int) (.Values.trainer.procsPerNode | default 1 | int) }}
+{{- end }}
+
+{{/* The headless Service through which the trainer pods find pod 0, the rendezvous host. */}}
+{{- define "ance-train.trainerRanksService" -}}
+{{- printf "%s-ranks" (include "ance-train.fullname" .) }}
+{{- end }}
+
 {{- define "ance-train.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
