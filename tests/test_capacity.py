@@ -47,9 +47,13 @@ def test_refresh_period_of_a_known_workload() -> None:
                                     "negatives": negatives,
                                     "total": 12_000_000 + 12_000 * row + negatives}
     assert result.index_bytes == 10_000 * (100 * 4 + 8)  # vectors + row → document map
-    # Two indexes (one serving, one building), the query matrix, results, two tables.
-    assert result.indexer_bytes == (2 * result.index_bytes + 2000 * 100 * 4
-                                    + 1000 * 100 * 12 + 2 * negatives)
+    # Two indexes (one serving, one building), the query matrix, the training and evaluation
+    # results, two tables.
+    results = (1000 * 100 + 1000 * 1000) * 12
+    assert result.partition_bytes == 2 * result.index_bytes + 2000 * 100 * 4 + results
+    assert result.indexer_bytes == result.partition_bytes + 2 * negatives
+    assert result.pods == {"inferencer": 3, "indexer": 1}
+    assert "merge" not in s and "partial_results" not in result.storage_bytes
 
 
 def test_more_replicas_shorten_only_the_encoding() -> None:
@@ -58,6 +62,74 @@ def test_more_replicas_shorten_only_the_encoding() -> None:
     assert one.seconds["encode"] == pytest.approx(4 * four.seconds["encode"], rel=0.01)
     assert {k: v for k, v in one.seconds.items() if k != "encode"} == {
         k: v for k, v in four.seconds.items() if k != "encode"}
+
+
+def test_partitions_split_the_index_and_add_a_merge() -> None:
+    base = dict(docs=1_000_000, dim=64, replicas=4, docs_per_s=100.0, train_queries=10_000,
+                eval_queries=500, mine_depth=200, eval_depth=100, store_mb_s=100.0)
+    one, four = plan(Workload(**base), RATES), plan(Workload(partitions=4, **base), RATES)
+    assert four.pods == {"inferencer": 4, "indexer": 4}
+    assert four.index_bytes == index_bytes(IndexConfig(), 250_000, 64)
+    # Flat search is linear in the documents: each partition searches a quarter.
+    assert four.seconds["search_train"] == pytest.approx(one.seconds["search_train"] / 4)
+    assert four.seconds["index_build"] == pytest.approx(one.seconds["index_build"] / 4)
+    results = (10_000 * 200 + 500 * 100) * capacity.RESULT_CELL_BYTES
+    assert four.seconds["partial_transfer"] == pytest.approx(5 * results / 100e6)
+    assert four.seconds["merge"] == pytest.approx(4 * results / 12 / RATES.rates["merge"])
+    assert four.seconds["mine"] == one.seconds["mine"]  # once, on the merged lists
+    assert four.storage_bytes["partial_results"] == 4 * results
+    # Partition 0 holds the other partitions' lists while merging.
+    assert four.indexer_bytes - four.partition_bytes == 3 * results + 2 * (
+        10_000 * 200 * capacity.NEGATIVE_CELL_BYTES)
+    assert four.partition_bytes < one.partition_bytes / 2
+
+
+def test_float16_embeddings_halve_the_vector_bytes() -> None:
+    base = dict(docs=10_000, dim=128, replicas=1, docs_per_s=100.0, train_queries=100)
+    fp32, fp16 = (plan(Workload(embedding_bytes=b, **base), RATES) for b in (4, 2))
+    assert fp32.storage_bytes["embeddings"] == 10_100 * (128 * 4 + 8)
+    assert fp16.storage_bytes["embeddings"] == 10_100 * (128 * 2 + 8)
+    assert fp16.index_bytes == fp32.index_bytes  # FAISS holds float32 either way
+
+
+def test_overlapped_build_leaves_only_what_encoding_does_not_hide() -> None:
+    base = dict(docs=100_000, dim=64, replicas=1, docs_per_s=1000.0, train_queries=100,
+                shard_size=1000, index=IndexConfig(type="ivf"))
+    slow = RATES.rates | {"ivf/build": 1e7}  # a build longer than the encoding
+    for rates in (RATES, IndexRates(slow, "slow build")):
+        serial = plan(Workload(**base), rates)
+        overlapped = plan(Workload(overlap_build=True, **base), rates)
+        build, encode = serial.seconds["index_build"], serial.seconds["encode"]
+        expected = max(build - encode, 0.0) + build * 1000 / 100_000
+        assert overlapped.seconds["index_build"] == pytest.approx(expected)
+        assert overlapped.hidden_seconds["index_build"] == pytest.approx(build - expected)
+        assert overlapped.refresh_s < serial.refresh_s
+
+
+def test_more_indexer_cores_scale_the_index_terms_only() -> None:
+    base = dict(docs=100_000, dim=64, replicas=1, docs_per_s=100.0, train_queries=1000)
+    two, eight = plan(Workload(**base), RATES), plan(Workload(indexer_cpus=8, **base), RATES)
+    for name in ("index_build", "search_train"):
+        assert eight.seconds[name] == pytest.approx(two.seconds[name] / 4)
+    assert eight.seconds["encode"] == two.seconds["encode"]
+
+
+def test_hnsw_quantizer_replaces_brute_force_assignment() -> None:
+    flat_q = IndexConfig(type="ivfpq")
+    graph_q = IndexConfig.model_validate({"type": "ivfpq", "ivf": {"quantizer": "hnsw"}})
+    n, d = 100_000_000, 384
+    nlist = capacity.ivf_lists(graph_q, n)
+    parts = capacity.index_work_parts(graph_q, "build", n, d)
+    assert set(parts) == {"ivfpq/build", "hnsw/build", "ivf-quantizer/hnsw"}
+    # n vectors × ef × d × log2(nlist) graph steps instead of n × nlist × d.
+    assert parts["ivf-quantizer/hnsw"] == pytest.approx(n * 128 * d * np.log2(nlist))
+    flat_parts = capacity.index_work_parts(flat_q, "build", n, d)
+    assert flat_parts["ivfpq/build"] - parts["ivfpq/build"] == pytest.approx(n * nlist * d)
+    # At equal rates the k-means training (the same in both) is what is left.
+    assert RATES.index_seconds(graph_q, "build", n, d) < RATES.index_seconds(
+        flat_q, "build", n, d) / 4
+    search = capacity.index_work_parts(graph_q, "search", n, d, queries=10, k=100)
+    assert search["ivf-quantizer/hnsw"] == pytest.approx(10 * 128 * d * np.log2(nlist))
 
 
 def test_ivf_work_and_lists() -> None:
@@ -71,12 +143,15 @@ def test_ivf_work_and_lists() -> None:
     assert search == pytest.approx(10 * (4000 * 8 + 32 * 250 * 8))
 
 
-@pytest.mark.parametrize("kind", ["flat", "ivf", "ivfpq", "hnsw"])
+@pytest.mark.parametrize("kind", ["flat", "ivf", "ivfpq", "hnsw", "ivfpq+hnswq"])
 def test_index_bytes_match_faiss(kind: str) -> None:
     docs, dim = 8000, 32
     vectors = clustered_vectors(docs, dim, 40, np.random.default_rng(0))
+    kind, _, quantizer = kind.partition("+")
     config = IndexConfig.model_validate({"type": kind, **({"pq": {"m": 8}} if kind == "ivfpq"
-                                                          else {})})
+                                                          else {}),
+                                         **({"ivf": {"quantizer": "hnsw"}} if quantizer
+                                            else {})})
     index = AnnIndex(dim, config, "cosine", expected_size=docs)
     index.add(np.arange(docs), vectors)
     index.finalize()
@@ -119,5 +194,14 @@ def test_plan_command(tmp_path: Path) -> None:
     assert out["seconds"]["encode"] == pytest.approx(10 * 1000 / 40 + 100 / (40 * 256 / 32))
     assert "refresh" in runner.invoke(app, ["plan", "--docs", "20000", "--train-queries", "100",
                                             "--docs-per-s", "40"]).output
+    split = json.loads(runner.invoke(app, [
+        "plan", "--docs", "20000", "--train-queries", "100", "--docs-per-s", "40",
+        "--dim", "64", "--partitions", "2", "--embedding-dtype", "float16", "--index-type",
+        "ivfpq", "--ivf-quantizer", "hnsw", "--indexer-cpus", "8", "--overlap-build",
+        "--json"]).output)
+    assert split["pods"] == {"inferencer": 1, "indexer": 2}
+    assert split["workload"]["embedding_bytes"] == 2
+    assert split["workload"]["index"]["ivf"]["quantizer"] == "hnsw"
+    assert "index_build" in split["hidden_seconds"] and "merge" in split["seconds"]
     both = runner.invoke(app, ["plan", "--docs", "10", "--train-queries", "1"])
     assert both.exit_code == 2 and "exactly one" in both.output

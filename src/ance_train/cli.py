@@ -300,6 +300,19 @@ class IndexType(StrEnum):
     hnsw = "hnsw"
 
 
+class IvfQuantizer(StrEnum):
+    flat = "flat"
+    hnsw = "hnsw"
+
+
+class EmbeddingDtype(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+EMBEDDING_BYTES = {EmbeddingDtype.float32: 4, EmbeddingDtype.float16: 2}
+
+
 @app.command()
 def plan(
     docs: Annotated[int, typer.Option(min=1, help="Corpus size (documents).")],
@@ -323,6 +336,18 @@ def plan(
     store_mb_s: Annotated[float, typer.Option(min=0.001, help="Object store MB/s.")] = 200.0,
     model_params: Annotated[int | None, typer.Option(
         min=1, help="Encoder parameters (default: all-MiniLM-L6-v2).")] = None,
+    ivf_quantizer: Annotated[IvfQuantizer | None, typer.Option(
+        help="IVF coarse quantizer (overrides the config's index.ivf.quantizer).")] = None,
+    partitions: Annotated[int, typer.Option(
+        min=1, help="Indexer partitions (index.partitions).")] = 1,
+    embedding_dtype: Annotated[EmbeddingDtype, typer.Option(
+        help="Stored embedding values (inference.embedding_dtype).")] = EmbeddingDtype.float32,
+    indexer_cpus: Annotated[int | None, typer.Option(
+        min=1, help="Cores per indexer pod (default: those the index rates were measured "
+                    "on); rates scale linearly.")] = None,
+    overlap_build: Annotated[bool, typer.Option(
+        help="Partitions add each shard as it is encoded (the build overlaps encoding).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Predict the refresh period, storage per checkpoint and index memory of a run."""
@@ -344,7 +369,11 @@ def plan(
                                  doc_tokens=doc_tokens, query_tokens=query_tokens,
                                  store_mb_s=store_mb_s, model_params=model_params,
                                  config=_load(config) if config else None,
-                                 index_type=index_type.value if index_type else None)
+                                 index_type=index_type.value if index_type else None,
+                                 ivf_quantizer=ivf_quantizer.value if ivf_quantizer else None,
+                                 partitions=partitions,
+                                 embedding_bytes=EMBEDDING_BYTES[embedding_dtype],
+                                 indexer_cpus=indexer_cpus, overlap_build=overlap_build)
         result = capacity.plan(load, rates)
     except (OSError, ValueError, KeyError) as error:
         err.print(f"[red]error:[/] {error}")

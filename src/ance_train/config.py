@@ -341,12 +341,24 @@ class IvfConfig(_Strict):
         39, ge=30, le=256, description="k-means sample = nlist × this (FAISS wiki: 30 to 256; "
                                        "39 is where FAISS stops warning). The index is rebuilt "
                                        "at every refresh, so training cost recurs.")
+    quantizer: Literal["flat", "hnsw"] = Field(
+        "flat", description="Coarse quantizer: flat compares every vector with every list "
+                            "centroid (exact assignment; N·nlist·d work to add N vectors), hnsw "
+                            "finds the nearest centroids through an HNSW graph (FAISS "
+                            "'IVF<nlist>_HNSW32'; the FAISS wiki's choice from ~10M vectors up, "
+                            "where brute-force assignment dominates the build). CPU only.")
+    quantizer_ef_search: int = Field(
+        128, ge=1, description="HNSW quantizer: candidate list when looking for the nprobe "
+                               "nearest lists (at least nprobe).")
 
     @model_validator(mode="after")
     def _nprobe_within_nlist(self) -> IvfConfig:
         if self.nlist is not None and self.nprobe > self.nlist:
             raise ValueError(f"index.ivf.nprobe ({self.nprobe}) must not exceed "
                              f"index.ivf.nlist ({self.nlist})")
+        if self.quantizer == "hnsw" and self.quantizer_ef_search < self.nprobe:
+            raise ValueError(f"index.ivf.quantizer_ef_search ({self.quantizer_ef_search}) must "
+                             f"be at least index.ivf.nprobe ({self.nprobe})")
         return self
 
 
@@ -374,7 +386,7 @@ class IndexConfig(_Strict):
     ``type``: ``flat`` (exact inner product, ANCE §5; the default), ``ivf`` (inverted lists),
     ``ivfpq`` (inverted lists + product quantisation) or ``hnsw`` (graph). Only the settings
     of the chosen type may be given. ``device``: ``auto`` searches on the GPU when FAISS sees
-    one (HNSW always runs on the CPU).
+    one (HNSW, as the index or as the IVF coarse quantizer, always runs on the CPU).
     """
 
     eval_depth: int = Field(1000, ge=10)

@@ -24,7 +24,13 @@ import faiss
 import numpy as np
 
 from ance_train.config import IndexConfig
-from ance_train.index.capacity import MIN_POINTS_PER_LIST, ivf_lists, ivf_train_size, pq_m
+from ance_train.index.capacity import (
+    HNSW_QUANTIZER_M,
+    MIN_POINTS_PER_LIST,
+    ivf_lists,
+    ivf_train_size,
+    pq_m,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +58,19 @@ def _new_index(config: IndexConfig, dim: int, nlist: int) -> faiss.Index:
         index = faiss.IndexHNSWFlat(dim, config.hnsw.m, ip)
         index.hnsw.efConstruction = config.hnsw.ef_construction
         return index
-    quantizer = faiss.IndexFlatIP(dim)
+    if config.ivf.quantizer == "hnsw":
+        quantizer = faiss.IndexHNSWFlat(dim, HNSW_QUANTIZER_M, ip)
+        quantizer.hnsw.efSearch = config.ivf.quantizer_ef_search
+    else:
+        quantizer = faiss.IndexFlatIP(dim)
     if config.type == "ivf":
         index = faiss.IndexIVFFlat(quantizer, dim, nlist, ip)
     else:
         index = faiss.IndexIVFPQ(quantizer, dim, nlist, pq_m(config, dim), config.pq.nbits, ip)
+    if config.ivf.quantizer == "hnsw":
+        # k-means on a flat index, then the centroids are added to the graph (what FAISS's
+        # index_factory sets up for "IVF<n>_HNSW<m>").
+        index.quantizer_trains_alone = 2
     return index  # the FAISS Python wrapper keeps ``quantizer`` alive with the index
 
 
@@ -82,6 +96,10 @@ class AnnIndex:
         self.normalize = similarity == "cosine"
         self.expected_size = expected_size
         self.gpu = use_gpu(self.config.device)
+        # FAISS has no GPU HNSW, neither as the index nor as an IVF coarse quantizer.
+        self.cpu_only = (self.config.type == "hnsw"
+                         or (self.config.type in ("ivf", "ivfpq")
+                             and self.config.ivf.quantizer == "hnsw"))
         if self.config.type == "ivfpq":
             pq_m(self.config, dim)  # fail before any data is read
         self.index: faiss.Index | None = None
@@ -178,7 +196,7 @@ class AnnIndex:
             faiss.ParameterSpace().set_index_parameter(
                 self.index, "nprobe", min(self.config.ivf.nprobe, self.index.nlist))
         self._search_index = self.index
-        if self.gpu and self.config.type != "hnsw":  # FAISS has no GPU HNSW
+        if self.gpu and not self.cpu_only:  # FAISS has no GPU HNSW
             self._search_index = faiss.index_cpu_to_all_gpus(self.index)
             if isinstance(self.index, faiss.IndexIVF):
                 faiss.GpuParameterSpace().set_index_parameter(

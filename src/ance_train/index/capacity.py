@@ -25,8 +25,11 @@ PQ_MAX_TRAIN_PER_CENTROID = 256  # FAISS samples at most 256 points per centroid
 # (AVX2 FMA on 8 floats, 2 ports). Set after the 1M run of bench/indexer.py showed ivfpq
 # search time following the codes scanned (12× time for 12.6× codes).
 PQ_LOOKUP_OPS = 16
+HNSW_QUANTIZER_M = 32  # graph degree of ``index.ivf.quantizer: hnsw`` (FAISS's "HNSW32")
+HNSW_QUANTIZER_EF_CONSTRUCTION = 40  # FAISS IndexHNSW's default efConstruction
 ID_BYTES = 8  # int64 document index per row (FAISS ids, AnnIndex row → document map)
-VECTOR_BYTES = 4  # float32
+VECTOR_BYTES = 4  # float32 (FAISS works in float32 whatever the stored shards hold)
+RESULT_CELL_BYTES = 8 + 4  # a search result: document index int64 + score float32
 # Bytes per negatives-table cell: candidate int64 + score f32 + probability f32 + source
 # int8 + first-seen int64 (negatives/table.py).
 NEGATIVE_CELL_BYTES = 8 + 4 + 4 + 1 + 8
@@ -38,13 +41,21 @@ MINILM_PARAMS = 22_713_216  # all-MiniLM-L6-v2 (the default model)
 # (query × candidate) per second. Geometric mean of the rates fitted at 100k and at 1M docs
 # (hnsw: 100k only); the two differ by up to 3.6× because the machine's load changed during
 # the run (1-min load 10.6 → 3.6). ``--calibration`` replaces them with another run's fit.
+# ``merge``: result cells (query × candidate of one partition) per second merged into the
+# global top-K, timed on the same machine on 2026-11-23 (20,000 queries, 4 lists of 200:
+# argpartition + sort of the concatenated lists, 3.7e7 cells/s). ``ivf-quantizer/hnsw``: the
+# walk of an HNSW coarse quantizer over 65,536 centroids at efSearch 128, by
+# ``bench/quantizer.py`` (docs/benchmarks/quantizer.json, same machine, 2026-11-23); its graph
+# is built at the ``hnsw/build`` rate.
 DEFAULT_RATES: dict[str, float] = {
     "flat/build": 9.5e7, "flat/search": 1.0e10,
     "ivf/build": 1.9e10, "ivf/search": 4.1e9,
     "ivfpq/build": 5.9e9, "ivfpq/search": 8.0e9,
     "hnsw/build": 1.3e9, "hnsw/search": 2.8e9,
-    "mine": 4.7e6,
+    "ivf-quantizer/hnsw": 2.6e9,
+    "mine": 4.7e6, "merge": 3.7e7,
 }
+RATES_CPUS = 2  # cores of the machine DEFAULT_RATES were measured on
 
 
 def default_nlist(num_vectors: int) -> int:
@@ -79,9 +90,7 @@ def index_bytes(config: IndexConfig, num_vectors: int, dim: int) -> int:
     if kind == "flat":
         size = n * d * VECTOR_BYTES
     elif kind == "hnsw":
-        m = config.hnsw.m
-        links = 2 * m + m / max(m - 1, 1)  # level 0 holds 2M, upper levels M·1/(M-1) on average
-        size = n * d * VECTOR_BYTES + int(n * links * 4) + n * (8 + 4)  # links, offsets, levels
+        size = n * d * VECTOR_BYTES + _hnsw_graph_bytes(n, config.hnsw.m)
     else:
         nlist = ivf_lists(config, n)
         centroids = nlist * d * VECTOR_BYTES
@@ -92,33 +101,65 @@ def index_bytes(config: IndexConfig, num_vectors: int, dim: int) -> int:
             m = pq_m(config, d)
             code = math.ceil(m * config.pq.nbits / 8)
             centroids += (2 ** config.pq.nbits) * d * VECTOR_BYTES  # PQ codebooks
+        if config.ivf.quantizer == "hnsw":
+            centroids += _hnsw_graph_bytes(nlist, HNSW_QUANTIZER_M)
         size = n * (code + ID_BYTES) + centroids + direct_map
     return size + n * ID_BYTES
+
+
+def _hnsw_graph_bytes(nodes: int, m: int) -> int:
+    """Links, offsets and levels of an HNSW graph (level 0 holds 2M links, the upper levels
+    M·1/(M-1) on average)."""
+    links = 2 * m + m / max(m - 1, 1)
+    return int(nodes * links * 4) + nodes * (8 + 4)
 
 
 def index_work(config: IndexConfig, phase: str, num_vectors: int, dim: int, queries: int = 0,
                k: int = 0) -> float:
     """Multiply-adds (or comparable steps) of building the index or searching it."""
+    return sum(index_work_parts(config, phase, num_vectors, dim, queries, k).values())
+
+
+def index_work_parts(config: IndexConfig, phase: str, num_vectors: int, dim: int,
+                     queries: int = 0, k: int = 0) -> dict[str, float]:
+    """:func:`index_work` by the rate it runs at (keys of ``IndexRates``): an HNSW coarse
+    quantizer's graph is built at ``hnsw/build`` and walked at ``ivf-quantizer/hnsw``; the
+    rest, a flat quantizer's assignment included, runs at the index type's
+    ``type/phase`` rate, as ``bench/indexer.py`` fits it."""
     n, d = num_vectors, dim
     kind = config.type
+    key = f"{kind}/{phase}"
     if kind == "flat":
-        return float(n * d) if phase == "build" else float(queries) * n * d
+        return {key: float(n * d) if phase == "build" else float(queries) * n * d}
     if kind == "hnsw":
         log_n = math.log2(max(n, 2))
         if phase == "build":
-            return float(n) * config.hnsw.ef_construction * d * log_n
-        return float(queries) * max(config.hnsw.ef_search, k) * d * log_n
+            return {key: float(n) * config.hnsw.ef_construction * d * log_n}
+        return {key: float(queries) * max(config.hnsw.ef_search, k) * d * log_n}
     nlist = ivf_lists(config, n)
     nprobe = min(config.ivf.nprobe, nlist)
+    graph = config.ivf.quantizer == "hnsw"
+    # Finding a vector's nearest lists: every centroid (flat), or a walk of the centroid
+    # graph (hnsw: ef candidates × log2(nlist) hops, as for an HNSW index).
+    assign = (config.ivf.quantizer_ef_search * d * math.log2(max(nlist, 2)) if graph
+              else nlist * d)
+    parts: dict[str, float] = {}
     if phase == "build":
         train = ivf_train_size(config, n)
-        work = KMEANS_ITERS_IVF * train * nlist * d + n * nlist * d
+        work = KMEANS_ITERS_IVF * train * nlist * d
         if kind == "ivfpq":
             ksub = 2 ** config.pq.nbits
             pq_train = min(train, PQ_MAX_TRAIN_PER_CENTROID * ksub)
             work += KMEANS_ITERS_PQ * pq_train * ksub * d + n * ksub * d
-        return float(work)
-    per_query = nlist * d  # coarse assignment
+        if graph:
+            parts["hnsw/build"] = (nlist * HNSW_QUANTIZER_EF_CONSTRUCTION * d
+                                   * math.log2(max(nlist, 2)))
+            parts["ivf-quantizer/hnsw"] = n * assign
+        else:
+            work += n * assign
+        parts[key] = float(work)
+        return parts
+    per_query = 0.0 if graph else assign
     if kind == "ivf":
         per_query += nprobe * (n / nlist) * d
     else:
@@ -126,7 +167,10 @@ def index_work(config: IndexConfig, phase: str, num_vectors: int, dim: int, quer
         # code m scalar table look-ups, each counted as PQ_LOOKUP_OPS vectorised ops.
         per_query += (2 ** config.pq.nbits) * d
         per_query += PQ_LOOKUP_OPS * nprobe * (n / nlist) * pq_m(config, d)
-    return float(queries) * per_query
+    parts[key] = float(queries) * per_query
+    if graph:
+        parts["ivf-quantizer/hnsw"] = float(queries) * assign
+    return parts
 
 
 @dataclass(frozen=True)
@@ -135,15 +179,27 @@ class IndexRates:
 
     rates: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
     source: str = "built-in rates (docs/benchmarks/indexer.json, 2-core machine)"
+    cpus: int = RATES_CPUS  # cores of the machine the rates were measured on
 
     @classmethod
     def from_benchmark(cls, path: str | Path) -> IndexRates:
         """The ``fit`` section written by ``bench/indexer.py``."""
         report = json.loads(Path(path).read_text())
-        return cls({**DEFAULT_RATES, **report["fit"]["rates"]}, str(path))
+        cpus = int(report.get("machine", {}).get("cores") or RATES_CPUS)
+        return cls({**DEFAULT_RATES, **report["fit"]["rates"]}, str(path), cpus)
 
     def seconds(self, key: str, work: float) -> float:
         return work / self.rates[key]
+
+    def index_seconds(self, config: IndexConfig, phase: str, num_vectors: int, dim: int,
+                      queries: int = 0, k: int = 0, cpus: int | None = None) -> float:
+        """Seconds of :func:`index_work` on a pod with ``cpus`` cores (default: the cores the
+        rates were measured on). FAISS builds and searches in parallel over OpenMP threads;
+        the rates are scaled linearly with the cores — an assumption, an upper bound of the
+        speed-up (docs/deployment.md)."""
+        scale = (cpus or self.cpus) / self.cpus
+        return sum(work / (self.rates[key] * scale) for key, work in
+                   index_work_parts(config, phase, num_vectors, dim, queries, k).items())
 
 
 @dataclass(frozen=True)
@@ -165,15 +221,24 @@ class Workload:
     store_mb_s: float = 200.0  # object store bandwidth seen by one process
     model_params: int = MINILM_PARAMS
     index: IndexConfig = field(default_factory=IndexConfig)
+    partitions: int = 1  # index.partitions: indexer processes, each over 1/P of the shards
+    embedding_bytes: int = VECTOR_BYTES  # per value in a shard: 4 float32, 2 float16
+    indexer_cpus: int | None = None  # cores of each indexer pod (None: the rates' machine)
+    # The partitions add each shard as it is encoded (index builds overlap encoding): only
+    # the build work encoding does not hide, plus the last shard's, stays on the refresh.
+    overlap_build: bool = False
 
 
 @dataclass(frozen=True)
 class Plan:
-    seconds: dict[str, float]  # components of one refresh, in order
+    seconds: dict[str, float]  # components of one refresh on its critical path, in order
     refresh_s: float
     storage_bytes: dict[str, int]  # per checkpoint
-    index_bytes: int
-    indexer_bytes: int  # 2 indexes + queries + search results + 2 negatives (no runtime)
+    index_bytes: int  # one partition's index (the whole index when partitions = 1)
+    indexer_bytes: int  # the largest indexer pod, partition 0, which also merges and mines
+    partition_bytes: int  # any other partition: 2 indexes + queries + its results
+    pods: dict[str, int]  # role → pods (inferencer, indexer)
+    hidden_seconds: dict[str, float] = field(default_factory=dict)  # overlapped with encoding
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,40 +257,77 @@ def encode_seconds(load: Workload) -> float:
 
 
 def plan(load: Workload, rates: IndexRates | None = None) -> Plan:
-    """Predict one refresh (checkpoint saved → negatives ready), storage and memory."""
+    """Predict one refresh (checkpoint saved → negatives ready), storage and memory.
+
+    With ``partitions`` P, each indexer pod holds the index of 1/P of the corpus and searches
+    every query in it; the pods work in parallel, so the per-partition terms count once.
+    Partition 0 then fetches the P partial result lists, merges them into the global top-K,
+    mines and uploads the table (``partial_transfer``, ``merge``, ``mine``,
+    ``negatives_upload``).
+    """
     rates = rates or IndexRates()
-    cfg, n, d = load.index, load.docs, load.dim
+    cfg, d, parts = load.index, load.dim, max(1, load.partitions)
+    n = math.ceil(load.docs / parts)  # documents of one partition
+    queries = load.train_queries + load.eval_queries
     store_rate = load.store_mb_s * 1e6
-    row_bytes = d * VECTOR_BYTES + ID_BYTES
-    embeddings = (n + load.train_queries + load.eval_queries) * row_bytes
+    row_bytes = d * load.embedding_bytes + ID_BYTES
+    embeddings = (load.docs + queries) * row_bytes
     weights = load.model_params * VECTOR_BYTES
     checkpoint = weights * (1 + ADAM_STATE_PER_PARAM)
     negatives = load.train_queries * load.mine_depth * NEGATIVE_CELL_BYTES
+    # One partition's search results: every training query to the mining depth and every
+    # evaluation query to the evaluation depth.
+    results = (load.train_queries * load.mine_depth
+               + load.eval_queries * load.eval_depth) * RESULT_CELL_BYTES
+    cpus = load.indexer_cpus
+    encode = encode_seconds(load)
+    # Each partition reads its corpus shards and every query shard. Uploads overlap encoding
+    # except the last shard's.
+    transfer = (n + queries + load.shard_size) * row_bytes / store_rate
+    build = rates.index_seconds(cfg, "build", n, d, cpus=cpus)
+    hidden: dict[str, float] = {}
+    if load.overlap_build:
+        # Shards are added as they arrive: what encoding hides is gone from the critical
+        # path; the last shard's add (its share of the build) always remains.
+        last_shard = build * min(1.0, load.shard_size / max(n, 1))
+        tail = max(build - encode, 0.0) + last_shard
+        hidden["index_build"] = build - tail
+        build = tail
+        corpus_transfer = n * row_bytes / store_rate
+        hidden["embedding_transfer"] = min(corpus_transfer, encode)
+        transfer -= hidden["embedding_transfer"]
     seconds = {
         # The trainer uploads weights + optimizer state; each inferencer downloads weights.
         "checkpoint_transfer": (checkpoint + weights) / store_rate,
-        "encode": encode_seconds(load),
-        # Uploads overlap encoding except the last shard's; the indexer reads every shard.
-        "embedding_transfer": (embeddings + load.shard_size * row_bytes) / store_rate,
-        "index_build": rates.seconds(f"{cfg.type}/build", index_work(cfg, "build", n, d)),
-        "search_train": rates.seconds(f"{cfg.type}/search", index_work(
-            cfg, "search", n, d, load.train_queries, load.mine_depth)),
-        "mine": load.train_queries * load.mine_depth / rates.rates["mine"],
-        "search_eval": rates.seconds(f"{cfg.type}/search", index_work(
-            cfg, "search", n, d, load.eval_queries, load.eval_depth)),
-        "negatives_upload": negatives / store_rate,
+        "encode": encode,
+        "embedding_transfer": transfer,
+        "index_build": build,
+        "search_train": rates.index_seconds(cfg, "search", n, d, load.train_queries,
+                                            load.mine_depth, cpus=cpus),
+        "search_eval": rates.index_seconds(cfg, "search", n, d, load.eval_queries,
+                                           load.eval_depth, cpus=cpus),
     }
+    if parts > 1:
+        # Every partition uploads its lists in parallel; partition 0 downloads all P.
+        seconds["partial_transfer"] = (1 + parts) * results / store_rate
+        seconds["merge"] = parts * results / RESULT_CELL_BYTES / rates.rates["merge"]
+    seconds["mine"] = load.train_queries * load.mine_depth / rates.rates["mine"]
+    seconds["negatives_upload"] = negatives / store_rate
     memory = index_bytes(cfg, n, d)
-    # The previous index keeps serving Search while the next one is built: two at the peak;
-    # likewise the previous negatives table (the base of the next one) and the new one.
-    indexer = (2 * memory + (load.train_queries + load.eval_queries) * d * VECTOR_BYTES
-               + load.train_queries * load.mine_depth * (ID_BYTES + VECTOR_BYTES)
-               + 2 * negatives)
-    return Plan(seconds=seconds, refresh_s=sum(seconds.values()),
-                storage_bytes={"checkpoint": checkpoint, "embeddings": embeddings,
-                               "negatives": negatives,
-                               "total": checkpoint + embeddings + negatives},
-                index_bytes=memory, indexer_bytes=indexer)
+    # The previous index keeps serving Search while the next one is built: two at the peak.
+    partition = 2 * memory + queries * d * VECTOR_BYTES + results
+    # Partition 0 also holds the other partitions' lists while merging, and the previous
+    # negatives table (the base of the next one) beside the new one.
+    indexer = partition + (parts - 1) * results + 2 * negatives
+    partials = parts * results if parts > 1 else 0
+    storage = {"checkpoint": checkpoint, "embeddings": embeddings, "negatives": negatives}
+    if partials:
+        storage["partial_results"] = partials
+    storage["total"] = sum(storage.values())
+    return Plan(seconds=seconds, refresh_s=sum(seconds.values()), storage_bytes=storage,
+                index_bytes=memory, indexer_bytes=indexer, partition_bytes=partition,
+                pods={"inferencer": load.replicas, "indexer": parts},
+                hidden_seconds=hidden)
 
 
 def throughput_from_benchmark(path: str | Path) -> tuple[float, float]:
@@ -253,7 +355,10 @@ def scale_throughput(docs_per_s: float, measured_tokens: float, doc_tokens: floa
 def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_queries: int,
              eval_queries: int = 0, doc_tokens: int = 256, query_tokens: int = 32,
              store_mb_s: float = 200.0, model_params: int | None = None,
-             config: RunConfig | None = None, index_type: str | None = None) -> Workload:
+             config: RunConfig | None = None, index_type: str | None = None,
+             ivf_quantizer: str | None = None, partitions: int = 1,
+             embedding_bytes: int = VECTOR_BYTES, indexer_cpus: int | None = None,
+             overlap_build: bool = False) -> Workload:
     """A :class:`Workload`; a run configuration supplies the index settings, shard sizes,
     mining and evaluation depths and caps the token counts at the model's max lengths."""
     extra: dict = {}
@@ -266,13 +371,19 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
                  "eval_depth": config.index.eval_depth}
         doc_tokens = min(doc_tokens, config.model.max_doc_length)
         query_tokens = min(query_tokens, config.model.max_query_length)
-    if index_type is not None:
-        index = IndexConfig.model_validate({**index.model_dump(exclude_unset=True),
-                                            "type": index_type})
+    if index_type is not None or ivf_quantizer is not None:
+        settings = index.model_dump(exclude_unset=True)
+        if index_type is not None:
+            settings["type"] = index_type
+        if ivf_quantizer is not None:
+            settings["ivf"] = {**settings.get("ivf", {}), "quantizer": ivf_quantizer}
+        index = IndexConfig.model_validate(settings)
     return Workload(docs=docs, dim=dim, replicas=replicas, docs_per_s=docs_per_s,
                     train_queries=train_queries, eval_queries=eval_queries,
                     doc_tokens=doc_tokens, query_tokens=query_tokens, store_mb_s=store_mb_s,
-                    model_params=model_params or MINILM_PARAMS, index=index, **extra)
+                    model_params=model_params or MINILM_PARAMS, index=index,
+                    partitions=partitions, embedding_bytes=embedding_bytes,
+                    indexer_cpus=indexer_cpus, overlap_build=overlap_build, **extra)
 
 
 def describe(load: Workload) -> dict:
@@ -296,16 +407,28 @@ def _duration(seconds: float) -> str:
 
 def render(load: Workload, result: Plan, rates: IndexRates) -> str:
     """A plain-text report of a plan."""
+    quantizer = (f" ({load.index.ivf.quantizer} quantizer)"
+                 if load.index.type in ("ivf", "ivfpq") else "")
+    cpus = load.indexer_cpus or rates.cpus
     lines = [f"{load.docs:,} docs × {load.dim}-d, {load.replicas} replica(s) at "
              f"{load.docs_per_s:,.1f} docs/s each ({load.doc_tokens} tokens/doc), "
              f"{load.train_queries:,} training + {load.eval_queries:,} eval queries, "
-             f"index {load.index.type}", "", "refresh (checkpoint saved → negatives ready):"]
+             f"index {load.index.type}{quantizer} in {load.partitions} partition(s) of "
+             f"{cpus} cores, {load.embedding_bytes}-byte embedding values", "",
+             "refresh (checkpoint saved → negatives ready):"]
     for name, seconds in result.seconds.items():
         share = seconds / result.refresh_s if result.refresh_s else 0.0
         lines.append(f"  {name:<20} {_duration(seconds):>10}  {share:6.1%}")
-    lines += [f"  {'total':<20} {_duration(result.refresh_s):>10}", "",
-              "storage per checkpoint:"]
+    lines.append(f"  {'total':<20} {_duration(result.refresh_s):>10}")
+    if result.hidden_seconds:
+        lines.append("  overlapped with encoding: " + ", ".join(
+            f"{name} {_duration(seconds)}" for name, seconds in result.hidden_seconds.items()))
+    lines += ["", "storage per checkpoint:"]
     lines += [f"  {name:<20} {_size(size):>10}" for name, size in result.storage_bytes.items()]
-    lines += ["", f"index memory: {_size(result.index_bytes)}; indexer working set beyond the "
-                  f"runtime: {_size(result.indexer_bytes)}", f"index rates: {rates.source}"]
+    lines += ["", "pods: " + ", ".join(f"{role} {count}" for role, count in result.pods.items()),
+              f"index memory per partition: {_size(result.index_bytes)}; indexer working set "
+              f"beyond the runtime: partition 0 {_size(result.indexer_bytes)}"
+              + (f", other partitions {_size(result.partition_bytes)}"
+                 if load.partitions > 1 else ""),
+              f"index rates: {rates.source} ({rates.cpus} cores, scaled linearly to {cpus})"]
     return "\n".join(lines)
