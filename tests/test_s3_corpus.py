@@ -330,3 +330,44 @@ def test_a_stream_cut_midway_resumes_where_it_stopped(
     assert texts == [f"T passage {i} " + "y" * 2000 for i in range(6000)]
     assert len(gets.calls) >= 2 and gets.calls[0][0] == 0
     assert gets.calls[-1][0] > 0  # resumed from where it stopped, not from the start
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_prepare_and_validate_commands_read_the_bucket(
+        tmp_path: Path, s3: dict[str, str], tiny_model: Path) -> None:
+    """`ance-train prepare` (the trainer pod's init container) publishes the index of a
+    dataset in a bucket; `ance-train validate` names a bad line by its URL, exit code 1."""
+    import os
+    import subprocess
+    import sys
+
+    from ance_train.infra.store import store_from_env
+    from ance_train.protocol.keys import DATASET_INDEX, DOC_OFFSETS
+
+    from helpers import write_config
+
+    good = upload(s3, beir_files())
+    bad_files = beir_files()
+    bad_files["qrels/train.tsv"] += b"q1\td404\t1\n"
+    bad = upload(s3, bad_files)
+    env = {**os.environ, **s3}
+    results = {}
+    for name, url, command in (("good", good, "prepare"), ("bad", bad, "validate")):
+        config = write_config(tmp_path / f"{name}.yaml", run_id=f"prep-{good.bucket}",
+                              data={"path": str(url), "dev_fraction": 0.0},
+                              model={"path": str(tiny_model)})
+        results[name] = subprocess.run(
+            [sys.executable, "-m", "ance_train.cli", command, "--config", str(config)],
+            capture_output=True, text=True, env=env, timeout=120)
+    assert results["good"].returncode == 0, results["good"].stderr
+    assert "6 docs" in results["good"].stdout
+    expected = validate_dataset(DataConfig(path=str(good), dev_fraction=0.0), tmp_path / "c")
+    assert expected.num_docs == 6
+    store = store_from_env(f"prep-{good.bucket}")
+    assert store.get_bytes(DATASET_INDEX) == (tmp_path / "c" / DATASET_INDEX_FILE).read_bytes()
+    assert store.get_bytes(DOC_OFFSETS) == (tmp_path / "c" / DOC_OFFSETS_FILE).read_bytes()
+    assert results["bad"].returncode == 1
+    assert f"s3://{bad.bucket}/datasets/x/qrels/train.tsv line 6: unknown document id " \
+           '"d404"' in " ".join(results["bad"].stderr.split()), results["bad"].stderr

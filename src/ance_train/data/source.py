@@ -27,13 +27,15 @@ _SETTINGS = ("ANCE_S3_ENDPOINT", "ANCE_S3_ACCESS_KEY", "ANCE_S3_SECRET_KEY", "AN
 
 
 def reader(url: S3Url) -> S3Reader:
-    """The reader of ``url``'s bucket with the run's S3 settings (one client per settings,
-    so a process, or a test that changes the settings, never reads with stale ones)."""
-    return _reader(url.bucket, tuple(os.environ.get(name, "") for name in _SETTINGS))
+    """The reader of ``url``'s bucket with the run's S3 settings: one client per settings
+    and process (a forked child never shares the parent's pooled connections; a test that
+    changes the settings never reads with stale ones)."""
+    return _reader(url.bucket, tuple(os.environ.get(name, "") for name in _SETTINGS),
+                   os.getpid())
 
 
 @functools.lru_cache(maxsize=8)
-def _reader(bucket: str, settings: tuple[str, ...]) -> S3Reader:
+def _reader(bucket: str, settings: tuple[str, ...], pid: int) -> S3Reader:
     client = s3_client_from_env(dict(zip(_SETTINGS, settings, strict=True)))
     if client is None:
         raise DataError(f"data.path is s3://{bucket}/… but ANCE_S3_ENDPOINT is not set: the "
