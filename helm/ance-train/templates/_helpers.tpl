@@ -178,27 +178,37 @@ secretKeyRef:
 - name: config
   mountPath: /etc/ance
   readOnly: true
+{{- if .Values.data.existingClaim }}
 - name: data
   mountPath: /data
   readOnly: true
   {{- with .Values.data.subPath }}
   subPath: {{ . }}
   {{- end }}
+{{- end }}
 - name: work
   mountPath: /work
 - name: tmp
   mountPath: /tmp
 {{- end }}
 
-{{/* Volumes of every ance pod: the run config, the dataset (read-only), scratch space. */}}
+{{/* Volumes of every ance pod: the run config, the dataset (read-only; none when
+data.existingClaim is empty: the dataset is then in a bucket, run.config.data.path
+s3://bucket/prefix/), scratch space. */}}
 {{- define "ance-train.volumes" -}}
+{{- $dataPath := toString (dig "data" "path" "" .Values.run.config) }}
+{{- if not (or .Values.data.existingClaim (hasPrefix "s3://" $dataPath)) }}
+{{- fail (printf "data.existingClaim is empty but run.config.data.path is %q: name the dataset's volume claim, or put the dataset in a bucket (run.config.data.path: s3://bucket/prefix/)" $dataPath) }}
+{{- end }}
 - name: config
   configMap:
     name: {{ include "ance-train.configMapName" . }}
+{{- if .Values.data.existingClaim }}
 - name: data
   persistentVolumeClaim:
     claimName: {{ .Values.data.existingClaim }}
     readOnly: true
+{{- end }}
 - name: work
   emptyDir:
     {{- with .Values.workDir.medium }}

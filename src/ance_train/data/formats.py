@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ance_train.config import DataConfig
-from ance_train.data.problems import DataError, Problems
+from ance_train.config import DataConfig, S3Url
+from ance_train.data import source
+from ance_train.data.problems import Problems
+from ance_train.data.source import DataFile
 
 DEFAULT_FILES: dict[str, tuple[str, str, str, str]] = {
     # corpus, queries, train qrels, test qrels (optional)
@@ -27,33 +29,39 @@ class LineError(Exception):
 class DatasetFiles:
     """The files of one dataset; ``test_qrels`` is ``None`` when the dataset has no test set.
 
+    Each file is a local path, or an object (:class:`S3Url`) when ``data.path`` is
+    ``s3://bucket/prefix/`` (read through ``data/source.py``).
+
     For MS MARCO, ``test_qrels`` is the official dev qrels (``qrels.dev.tsv``): the dev split
     of :class:`DatasetIndex` is always carved out of the training queries.
     """
 
-    corpus: Path
-    queries: Path
-    train_qrels: Path
-    test_qrels: Path | None = None
-    root: Path | None = None
+    corpus: DataFile
+    queries: DataFile
+    train_qrels: DataFile
+    test_qrels: DataFile | None = None
+    root: DataFile | None = None
 
     @classmethod
     def resolve(cls, cfg: DataConfig) -> DatasetFiles:
         """Apply the format's default names and the config's overrides (relative to
         ``cfg.path``); raise :class:`DataError` naming every missing required file."""
-        root = Path(cfg.path)
-        if not root.is_dir():
-            raise DataError(f"dataset directory {root} does not exist or is not a directory")
+        root: DataFile = cfg.s3 if cfg.s3 is not None else Path(cfg.path)
+        source.check_root(root)
+
+        def under(name: str) -> DataFile:
+            return root.child(name) if isinstance(root, S3Url) else root / name
+
         corpus_name, queries_name, train_name, test_name = DEFAULT_FILES[cfg.format]
-        corpus = root / (cfg.corpus_file or corpus_name)
-        queries = root / (cfg.queries_file or queries_name)
-        train = root / (cfg.train_qrels or train_name)
-        test = root / (cfg.test_qrels or test_name)
+        corpus = under(cfg.corpus_file or corpus_name)
+        queries = under(cfg.queries_file or queries_name)
+        train = under(cfg.train_qrels or train_name)
+        test = under(cfg.test_qrels or test_name)
         problems = Problems(root)
         for label, path in (("corpus", corpus), ("queries", queries), ("train qrels", train)):
-            if not path.is_file():
+            if not source.exists(path):
                 problems.add(f"{label} file {path} does not exist")
-        has_test = test.is_file()
+        has_test = source.exists(test)
         if cfg.test_qrels is not None and not has_test:
             problems.add(f"test qrels file {test} does not exist")
         problems.raise_if_any()
@@ -66,7 +74,7 @@ class DatasetFiles:
         )
 
 
-def text_kind(path: Path, fmt: str) -> str:
+def text_kind(path: DataFile, fmt: str) -> str:
     """``"jsonl"`` or ``"tsv"``: from the file suffix, else from the dataset format."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):

@@ -18,7 +18,8 @@ class DataError(ValueError):
 class Problems:
     """Collects problems, keeping the first :data:`MAX_ERRORS` messages and counting all."""
 
-    def __init__(self, root: Path | None) -> None:
+    def __init__(self, root: object | None) -> None:
+        """``root``: the dataset's directory or ``s3://`` prefix, named in the error."""
         self.root = root
         self.messages: list[str] = []
         self.count = 0
@@ -47,9 +48,10 @@ def quote(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def display_path(path: Path, root: Path | None) -> str:
-    """The path relative to the dataset directory when it lies inside it, else the full path."""
-    if root is not None:
+def display_path(path: object, root: object | None) -> str:
+    """The path relative to the dataset directory when it lies inside it, else the full path;
+    an object in a bucket is named by its whole ``s3://`` URL."""
+    if isinstance(path, Path) and isinstance(root, Path):
         with contextlib.suppress(ValueError):
             return path.relative_to(root).as_posix()
     return str(path)

@@ -1,4 +1,5 @@
-"""Dataset validation: every file is read once, line by line, before any training work starts.
+"""Dataset validation: every file is read once, line by line, before any training work starts
+(a local file, or an object of an ``s3://`` dataset streamed in one GET: ``data/source.py``).
 
 Every problem found is collected (each naming the file and its 1-based line number) and one
 :class:`DataError` lists them. On success two files are written, atomically, to a cache
@@ -33,6 +34,7 @@ from ance_train.data.formats import (
     text_kind,
 )
 from ance_train.data.problems import Problems, display_path, quote
+from ance_train.data.source import DataFile, open_binary
 from ance_train.infra.atomic import atomic_write
 from ance_train.protocol.keys import DATASET_INDEX_FILE, DOC_OFFSETS_FILE
 
@@ -51,11 +53,11 @@ def _name_ids(ids: Sequence[str]) -> str:
     return named
 
 
-def _parsed_lines(path: Path, parse: Callable[[bytes], _Parsed], name: str,
+def _parsed_lines(path: DataFile, parse: Callable[[bytes], _Parsed], name: str,
                   problems: Problems) -> Iterator[tuple[int, int, _Parsed]]:
     """(1-based line number, byte offset, ``parse(line)``) of each non-blank line of ``path``;
     a line that ``parse`` rejects is recorded in ``problems`` and skipped."""
-    with open(path, "rb") as handle:
+    with open_binary(path) as handle:
         for line_no, offset, raw in numbered_lines(handle):
             if is_blank(raw):
                 continue
@@ -74,7 +76,7 @@ class _CorpusScan:
     empty_ids: list[str]
 
 
-def _scan_corpus(path: Path, kind: str, name: str, problems: Problems) -> _CorpusScan:
+def _scan_corpus(path: DataFile, kind: str, name: str, problems: Problems) -> _CorpusScan:
     doc_index: dict[str, int] = {}
     first_line = array("q")  # line number of each document, for duplicate messages
     offsets = array("q")
@@ -101,7 +103,7 @@ def _scan_corpus(path: Path, kind: str, name: str, problems: Problems) -> _Corpu
 
 
 def _scan_queries(
-    path: Path, kind: str, name: str, problems: Problems
+    path: DataFile, kind: str, name: str, problems: Problems
 ) -> tuple[dict[str, str], list[str]]:
     queries: dict[str, str] = {}
     first_line: dict[str, int] = {}
@@ -123,7 +125,7 @@ def _scan_queries(
 
 
 def _scan_qrels(
-    path: Path,
+    path: DataFile,
     name: str,
     doc_index: dict[str, int],
     queries: dict[str, str],
@@ -136,7 +138,7 @@ def _scan_qrels(
     columns = 0  # 3 (BEIR: query-id, corpus-id, score) or 4 (TREC: qid, 0, pid, rel)
     duplicates = 0
     first = True
-    with open(path, "rb") as handle:
+    with open_binary(path) as handle:
         for line_no, _, raw in numbered_lines(handle):
             if is_blank(raw):
                 continue

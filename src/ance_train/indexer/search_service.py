@@ -67,8 +67,13 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
             vectors = encode_texts(model, tokenizer, list(request.queries),
                                    max_length=self.max_query_length, device=self.models.device)
         ranked, scores = served.index.search(vectors, request.k)
+        # The ids of every hit in one batch (a corpus in a bucket: a few ranged GETs).
+        found = [(int(d), float(s)) for row, row_scores in zip(ranked, scores, strict=True)
+                 for d, s in zip(row, row_scores, strict=True) if d >= 0]
+        names = dict(zip((d for d, _ in found),
+                         self.corpus.doc_ids([d for d, _ in found]), strict=True))
         results = [
-            ance_pb2.Hits(hits=[ance_pb2.Hit(doc_id=self.corpus.doc_id(int(d)), score=float(s))
+            ance_pb2.Hits(hits=[ance_pb2.Hit(doc_id=names[int(d)], score=float(s))
                                 for d, s in zip(row, row_scores, strict=True) if d >= 0])
             for row, row_scores in zip(ranked, scores, strict=True)
         ]

@@ -24,6 +24,7 @@ builds the run's store from the environment (:func:`store_from_env`).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from ance_train.infra.env import env_flag
 from ance_train.infra.store.base import _TMP_MARKER as _TMP_MARKER  # temp-file names (tests)
@@ -37,7 +38,7 @@ from ance_train.infra.store.base import (
     validate_key,
 )
 from ance_train.infra.store.local import LocalStore
-from ance_train.infra.store.s3 import S3Store
+from ance_train.infra.store.s3 import S3Client, S3Reader, S3Store
 
 __all__ = [
     "MANIFEST_NAME",
@@ -46,46 +47,69 @@ __all__ = [
     "LocalStore",
     "ObjectNotFound",
     "ObjectStore",
+    "S3Client",
+    "S3Reader",
     "S3Store",
     "StorageError",
+    "s3_client_from_env",
     "store_from_env",
     "validate_key",
 ]
 
 
+def s3_client_from_env(env: Mapping[str, str] = os.environ) -> S3Client | None:
+    """The S3 client of the run's settings, or ``None`` when ``ANCE_S3_ENDPOINT`` is unset:
+    ``ANCE_S3_ENDPOINT``, ``ANCE_S3_ACCESS_KEY``, ``ANCE_S3_SECRET_KEY`` (both required),
+    ``ANCE_S3_SECURE`` (``0``/``1``, default 0), and the optional ``ANCE_S3_REGION`` and
+    ``ANCE_S3_RETRY_SECONDS``. The run's store and an ``s3://`` dataset both use it."""
+    endpoint = env.get("ANCE_S3_ENDPOINT", "").strip()
+    if not endpoint:
+        return None
+    missing = [v for v in ("ANCE_S3_ACCESS_KEY", "ANCE_S3_SECRET_KEY") if not env.get(v)]
+    if missing:
+        raise StorageError(
+            f"ANCE_S3_ENDPOINT is set but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} missing"
+        )
+    secure = env_flag("ANCE_S3_SECURE", env, StorageError)
+    retry_raw = env.get("ANCE_S3_RETRY_SECONDS", "").strip()
+    try:
+        retry_seconds = float(retry_raw) if retry_raw else 60.0
+    except ValueError as e:
+        raise StorageError(f"ANCE_S3_RETRY_SECONDS must be a number, got {retry_raw!r}") from e
+    return S3Client(
+        endpoint,
+        env["ANCE_S3_ACCESS_KEY"],
+        env["ANCE_S3_SECRET_KEY"],
+        secure=secure,
+        region=s3_region(env),
+        retry_seconds=retry_seconds,
+    )
+
+
+def s3_region(env: Mapping[str, str] = os.environ) -> str | None:
+    return env.get("ANCE_S3_REGION", "").strip() or None
+
+
 def store_from_env(run_id: str, local_root: str | None = None) -> ObjectStore:
     """Build the run's store from the environment.
 
-    If ``ANCE_S3_ENDPOINT`` is set: :class:`S3Store` from ``ANCE_S3_ENDPOINT``,
-    ``ANCE_S3_ACCESS_KEY``, ``ANCE_S3_SECRET_KEY`` (both required), ``ANCE_S3_BUCKET``
-    (default ``ance-train``), ``ANCE_S3_SECURE`` (``0``/``1``, default 0), and the optional
-    ``ANCE_S3_REGION`` and ``ANCE_S3_RETRY_SECONDS``.  Otherwise :class:`LocalStore` at
-    ``local_root`` or ``ANCE_STORE_DIR``.
+    If ``ANCE_S3_ENDPOINT`` is set: :class:`S3Store` with the client of
+    :func:`s3_client_from_env` and the bucket ``ANCE_S3_BUCKET`` (default ``ance-train``).
+    Otherwise :class:`LocalStore` at ``local_root`` or ``ANCE_STORE_DIR``.
     """
     env = os.environ
-    endpoint = env.get("ANCE_S3_ENDPOINT", "").strip()
-    if endpoint:
-        missing = [v for v in ("ANCE_S3_ACCESS_KEY", "ANCE_S3_SECRET_KEY") if not env.get(v)]
-        if missing:
-            raise StorageError(
-                f"ANCE_S3_ENDPOINT is set but {' and '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} missing"
-            )
-        secure = env_flag("ANCE_S3_SECURE", env, StorageError)
-        retry_raw = env.get("ANCE_S3_RETRY_SECONDS", "").strip()
-        try:
-            retry_seconds = float(retry_raw) if retry_raw else 60.0
-        except ValueError as e:
-            raise StorageError(f"ANCE_S3_RETRY_SECONDS must be a number, got {retry_raw!r}") from e
+    client = s3_client_from_env(env)
+    if client is not None:
         return S3Store(
             run_id,
-            endpoint,
+            env["ANCE_S3_ENDPOINT"].strip(),
             env["ANCE_S3_ACCESS_KEY"],
             env["ANCE_S3_SECRET_KEY"],
             env.get("ANCE_S3_BUCKET", "").strip() or "ance-train",
-            secure=secure,
-            region=env.get("ANCE_S3_REGION", "").strip() or None,
-            retry_seconds=retry_seconds,
+            secure=client.secure,
+            region=s3_region(env),
+            retry_seconds=client.retry_seconds,
         )
     root = local_root or env.get("ANCE_STORE_DIR", "").strip()
     if not root:

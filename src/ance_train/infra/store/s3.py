@@ -65,6 +65,91 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
+class S3Client:
+    """The minio client of one endpoint and the retry policy every S3 call goes through.
+
+    Network calls are retried with exponential backoff for up to ``retry_seconds`` on
+    connection errors and 5xx responses; the result is then :class:`StorageError`
+    (:class:`ObjectNotFound` for a missing object or bucket). Shared by :class:`S3Store`
+    (the run's objects) and :class:`S3Reader` (a dataset in a bucket).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        *,
+        secure: bool = False,
+        region: str | None = None,
+        retry_seconds: float = 60.0,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 120.0,
+    ) -> None:
+        if "://" in endpoint:  # tolerate "http://host:port" / "https://host:port"
+            scheme, _, endpoint = endpoint.partition("://")
+            secure = scheme.lower() == "https"
+        endpoint = endpoint.rstrip("/")
+        if not endpoint or "/" in endpoint:
+            raise StorageError(f"invalid S3 endpoint {endpoint!r}: expected host[:port]")
+        self.endpoint = endpoint
+        self.secure = secure
+        self.retry_seconds = float(retry_seconds)
+        # Retries are done here (tenacity), not inside urllib3; redirects are left to minio.
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
+            maxsize=16,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+            retries=urllib3.Retry(total=0, redirect=False),
+        )
+        try:
+            self.minio = Minio(
+                endpoint,
+                access_key=access_key,
+                secret_key=secret_key,
+                secure=secure,
+                region=region,
+                http_client=http,
+            )
+        except ValueError as e:
+            raise StorageError(f"invalid S3 endpoint {endpoint!r}: {e}") from e
+
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` with retries on transient errors; map errors to StorageError types."""
+
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "S3 %s failed (attempt %d, %s: %s); retrying",
+                what,
+                state.attempt_number,
+                type(exc).__name__,
+                exc,
+            )
+
+        retryer = Retrying(
+            stop=stop_before_delay(self.retry_seconds),
+            wait=wait_exponential(multiplier=0.25, max=8.0),
+            retry=retry_if_exception(_is_transient),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            return retryer(fn)
+        except StorageError:
+            raise
+        except S3Error as e:
+            if e.code in _NOT_FOUND_S3_CODES:
+                raise ObjectNotFound(f"{what}: not found ({e.code})") from e
+            raise StorageError(f"S3 {what} failed: {e.code}: {e.message}") from e
+        except (MinioException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as e:
+            raise StorageError(
+                f"S3 {what} failed (endpoint {self.endpoint}, retried for up to "
+                f"{self.retry_seconds:g}s): {type(e).__name__}: {e}"
+            ) from e
+
+
 class S3Store(ObjectStore):
     """Objects in an S3 bucket (via ``minio``) under ``<run_id>/<key>``.
 
@@ -90,39 +175,19 @@ class S3Store(ObjectStore):
         create_bucket: bool = True,
     ) -> None:
         super().__init__(run_id)
-        if "://" in endpoint:  # tolerate "http://host:port" / "https://host:port"
-            scheme, _, endpoint = endpoint.partition("://")
-            secure = scheme.lower() == "https"
-        endpoint = endpoint.rstrip("/")
-        if not endpoint or "/" in endpoint:
-            raise StorageError(f"invalid S3 endpoint {endpoint!r}: expected host[:port]")
         try:
             check_bucket_name(bucket)
         except ValueError as e:
             raise StorageError(f"invalid S3 bucket name {bucket!r}: {e}") from e
-        self._endpoint = endpoint
-        self._secure = secure
+        self._s3 = S3Client(endpoint, access_key, secret_key, secure=secure, region=region,
+                            retry_seconds=retry_seconds, connect_timeout=connect_timeout,
+                            read_timeout=read_timeout)
+        self._endpoint = self._s3.endpoint
+        self._secure = self._s3.secure
         self._bucket = bucket
-        self._retry_seconds = float(retry_seconds)
-        # Retries are done here (tenacity), not inside urllib3; redirects are left to minio.
-        http = urllib3.PoolManager(
-            timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
-            maxsize=16,
-            cert_reqs="CERT_REQUIRED",
-            ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
-            retries=urllib3.Retry(total=0, redirect=False),
-        )
-        try:
-            self._client = Minio(
-                endpoint,
-                access_key=access_key,
-                secret_key=secret_key,
-                secure=secure,
-                region=region,
-                http_client=http,
-            )
-        except ValueError as e:
-            raise StorageError(f"invalid S3 endpoint {endpoint!r}: {e}") from e
+        self._retry_seconds = self._s3.retry_seconds
+        self._client = self._s3.minio
+        self._call = self._s3.call
         if create_bucket:
             self._ensure_bucket(region)
 
@@ -142,40 +207,6 @@ class S3Store(ObjectStore):
     def client(self) -> Minio:
         """The underlying minio client (for tests and administration)."""
         return self._client
-
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` with retries on transient errors; map errors to StorageError types."""
-
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning(
-                "S3 %s failed (attempt %d, %s: %s); retrying",
-                what,
-                state.attempt_number,
-                type(exc).__name__,
-                exc,
-            )
-
-        retryer = Retrying(
-            stop=stop_before_delay(self._retry_seconds),
-            wait=wait_exponential(multiplier=0.25, max=8.0),
-            retry=retry_if_exception(_is_transient),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
-        try:
-            return retryer(fn)
-        except StorageError:
-            raise
-        except S3Error as e:
-            if e.code in _NOT_FOUND_S3_CODES:
-                raise ObjectNotFound(f"{what}: not found ({e.code})") from e
-            raise StorageError(f"S3 {what} failed: {e.code}: {e.message}") from e
-        except (MinioException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as e:
-            raise StorageError(
-                f"S3 {what} failed (endpoint {self._endpoint}, retried for up to "
-                f"{self._retry_seconds:g}s): {type(e).__name__}: {e}"
-            ) from e
 
     def _ensure_bucket(self, region: str | None) -> None:
         def op() -> None:
@@ -294,3 +325,106 @@ class S3Store(ObjectStore):
         """Delete the object (S3 DELETE is idempotent)."""
         name = self.full_key(key)
         self._call(f"delete {name!r}", lambda: self._client.remove_object(self._bucket, name))
+
+
+class S3Reader:
+    """Read-only access to the objects of one bucket by their full keys: a dataset uploaded
+    by the user (no run prefix, no sha256 metadata), read whole as a stream or by byte range
+    (``get_object`` with offset and length), with the retries of :class:`S3Client`.
+    Errors name the object's ``s3://`` URL."""
+
+    def __init__(self, client: S3Client, bucket: str) -> None:
+        self.client = client
+        self.bucket = bucket
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def bucket_exists(self) -> bool:
+        return self.client.call(f"stat bucket {self.bucket!r}",
+                                lambda: self.client.minio.bucket_exists(self.bucket))
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes (HEAD); :class:`ObjectNotFound` when it is missing."""
+        stat = self.client.call(f"stat {self.url(key)}",
+                                lambda: self.client.minio.stat_object(self.bucket, key))
+        return int(stat.size or 0)
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """Bytes ``offset`` to ``offset + length - 1`` in one ranged GET (retried whole)."""
+        if length <= 0:  # minio reads a length of 0 as "to the end"
+            return b""
+
+        def op() -> bytes:
+            resp = self.client.minio.get_object(self.bucket, key, offset=offset, length=length)
+            try:
+                return resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        data = self.client.call(f"get {self.url(key)} bytes {offset}+{length}", op)
+        if len(data) != length:
+            raise StorageError(f"{self.url(key)}: asked for {length} bytes at {offset}, got "
+                               f"{len(data)} (the object changed?)")
+        return data
+
+    def open(self, key: str, offset: int = 0, length: int | None = None,
+             buffer_size: int = 1 << 20) -> io.BufferedReader:
+        """A buffered binary stream of the object (from ``offset``, ``length`` bytes or to the
+        end) over one GET; a transient failure mid-stream reopens it where it stopped."""
+        return io.BufferedReader(_RangeStream(self, key, offset, length), buffer_size)
+
+
+class _RangeStream(io.RawIOBase):
+    """The raw stream behind :meth:`S3Reader.open`: one ranged GET, resumed at the current
+    position (a new ranged GET) when the connection fails, within the client's retry time."""
+
+    def __init__(self, reader: S3Reader, key: str, offset: int, length: int | None) -> None:
+        super().__init__()
+        self._reader = reader
+        self._key = key
+        self._pos = offset
+        self._remaining = length
+        self._resp: urllib3.BaseHTTPResponse | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def _drop(self) -> None:
+        if self._resp is not None:
+            self._resp.close()
+            self._resp.release_conn()
+            self._resp = None
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        want = len(buffer) if self._remaining is None else min(len(buffer), self._remaining)
+        if want == 0:
+            return 0
+        minio, bucket = self._reader.client.minio, self._reader.bucket
+
+        def op() -> bytes:
+            if self._resp is None:
+                self._resp = minio.get_object(bucket, self._key, offset=self._pos,
+                                              length=self._remaining or 0)
+            try:
+                return self._resp.read(want)
+            except BaseException:
+                self._drop()
+                raise
+
+        data = self._reader.client.call(
+            f"get {self._reader.url(self._key)} from byte {self._pos}", op)
+        if not data and self._remaining:
+            raise StorageError(f"{self._reader.url(self._key)} ended at byte {self._pos}, "
+                               f"{self._remaining} bytes early (the object changed?)")
+        count = len(data)
+        buffer[:count] = data
+        self._pos += count
+        if self._remaining is not None:
+            self._remaining -= count
+        return count
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
