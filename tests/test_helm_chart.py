@@ -261,7 +261,8 @@ def test_crd_matches_the_contract() -> None:
     assert version["subresources"] == {"status": {}}
     columns = [(c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"]]
     assert columns == [
-        ("Phase", ".status.phase"), ("Step", ".status.step"), ("Loss", ".status.loss"),
+        ("Phase", ".status.phase"), ("World", ".status.worldSize"), ("Step", ".status.step"),
+        ("Loss", ".status.loss"),
         ("Checkpoint", ".status.latestCheckpoint"), ("Negatives", ".status.negativesStep"),
         ("Gap", ".status.asyncGap"), ("Refresh-s", ".status.refreshPeriodSeconds"),
         ("nDCG@10", ".status.ndcgAt10"), ("MRR@10", ".status.mrrAt10"),
@@ -273,7 +274,8 @@ def test_crd_matches_the_contract() -> None:
     status = schema["status"]["properties"]
     assert {k: v["type"] for k, v in status.items()} == {
         "phase": "string", "message": "string", "step": "integer", "totalSteps": "integer",
-        "loss": "number", "latestCheckpoint": "integer", "negativesStep": "integer",
+        "worldSize": "integer", "loss": "number", "latestCheckpoint": "integer",
+        "negativesStep": "integer",
         "asyncGap": "integer", "refreshPeriodSeconds": "number", "indexStep": "integer",
         "ndcgAt10": "number", "mrrAt10": "number", "evalStep": "integer", "updated": "string"}
     assert status["phase"]["enum"] == ["Pending", "Training", "Succeeded", "Failed"]
@@ -287,12 +289,14 @@ def test_ancerun_status_schema_accepts_reports_and_rejects_bad_ones(
     run = one(default_objects, "AnceRun", FULLNAME)
     assert run["spec"] == {"runId": "ance-run", "configMap": f"{FULLNAME}-config"}
     reported = {**run, "status": {"phase": "Training", "step": 120, "totalSteps": 2000,
-                                  "loss": 0.42, "latestCheckpoint": 100, "negativesStep": 0,
+                                  "worldSize": 8, "loss": 0.42, "latestCheckpoint": 100,
+                                  "negativesStep": 0,
                                   "asyncGap": 120, "refreshPeriodSeconds": 95.5,
                                   "ndcgAt10": 0.61, "mrrAt10": 0.58, "evalStep": 0,
                                   "indexStep": 0, "message": "ok", "updated": "now"}}
     validator.validate(reported)
-    for bad in ({"phase": "Running"}, {"step": "12"}, {"loss": "low"}):
+    for bad in ({"phase": "Running"}, {"step": "12"}, {"loss": "low"}, {"worldSize": 0},
+                {"worldSize": "8"}):
         assert not validator.is_valid({**run, "status": bad}), bad
 
 
