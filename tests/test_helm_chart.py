@@ -9,6 +9,10 @@ what an install would create is checked object by object. Which kinds are valida
   ServiceAccount, Role, RoleBinding, NetworkPolicy, CustomResourceDefinition):
   kubernetes-validate, strict;
 - AnceRun: the openAPIV3Schema of the chart's own CRD (jsonschema);
+- PyTorchJob (trainer.kubeflow.enabled): the openAPIV3Schema of the Kubeflow training
+  operator's CRD, a fixture under tests/fixtures/crds/ naming its source and release
+  (jsonschema, and no field the schema lacks, which an API server would prune), and its pod
+  templates as core/v1 PodTemplates (kubernetes-validate, strict);
 - ServiceMonitor (Prometheus Operator, no schema here): the fields it needs, asserted one by
   one in test_service_monitor_scrapes_every_ance_service.
 """
@@ -16,7 +20,9 @@ what an install would create is checked object by object. Which kinds are valida
 from __future__ import annotations
 
 import base64
+import functools
 import io
+import os
 import re
 import shutil
 from pathlib import Path
@@ -50,12 +56,14 @@ from helm_render import (
 )
 
 PRODUCTION = Path(__file__).parent / "fixtures" / "helm" / "values-production.yaml"
+# The training operator's PyTorchJob CRD (kubeflow.org/v1), release v1.9.0: see its header.
+PYTORCHJOB_CRD = Path(__file__).parent / "fixtures" / "crds" / "kubeflow.org_pytorchjobs.yaml"
 FULLNAME = "ance-train"  # release "ance-train" of chart "ance-train"
 # The ance workloads: the trainer finishes (a Job), the others serve until uninstalled.
 WORKLOAD_KINDS = {"trainer": "Job", "inferencer": "Deployment", "indexer": "Deployment"}
 ROLES = tuple(WORKLOAD_KINDS)
 WORKLOAD_TYPES = ("Job", "Deployment", "StatefulSet")
-CUSTOM_KINDS = {"AnceRun", "ServiceMonitor"}  # validated as the module docstring says
+CUSTOM_KINDS = {"AnceRun", "ServiceMonitor", "PyTorchJob"}  # as the module docstring says
 
 # The environment contract between the chart and the services (see docs/deployment.md).
 CONTRACT_ENV = {
@@ -219,15 +227,68 @@ def _validate_all(objects: list[dict[str, Any]]) -> None:
         if obj["kind"] == "AnceRun":
             jsonschema.Draft7Validator(crd_schema).validate(obj)
             how[obj["kind"]] = "crd"
+        elif obj["kind"] == "PyTorchJob":
+            _validate_pytorchjob(obj)
+            how[obj["kind"]] = "crd"
         elif obj["kind"] == "ServiceMonitor":
             how[obj["kind"]] = "asserted"  # test_service_monitor_scrapes_every_ance_service
         else:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
             how[obj["kind"]] = "kubernetes"
     assert how["AnceRun"] == "crd"
-    assert {"CustomResourceDefinition", "Job", "Deployment", "Service", "ConfigMap", "Role",
+    # The trainer is a Job, or with trainer.kubeflow.enabled a PyTorchJob.
+    trainer_kind = "PyTorchJob" if "PyTorchJob" in how else "Job"
+    assert how[trainer_kind] == ("crd" if trainer_kind == "PyTorchJob" else "kubernetes")
+    assert {"CustomResourceDefinition", "Deployment", "Service", "ConfigMap", "Role",
             "RoleBinding"} <= {kind for kind, way in how.items() if way == "kubernetes"}
     assert {kind for kind, way in how.items() if way != "kubernetes"} <= CUSTOM_KINDS
+
+
+@functools.cache
+def _pytorchjob_schema() -> dict[str, Any]:
+    """The fixture's openAPIV3Schema (parsed once: the CRD is 600 kB of YAML)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    (crd,) = [d for d in yaml.load_all(PYTORCHJOB_CRD.read_text(), Loader=loader) if d]
+    assert crd["metadata"]["name"] == "pytorchjobs.kubeflow.org"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1"
+    return version["schema"]["openAPIV3Schema"]
+
+
+def _undeclared(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields of ``value`` that ``schema`` does not declare: an API server prunes them from a
+    custom resource without a word (structural schema pruning), so a misspelt field would be
+    dropped silently."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    found: list[str] = []
+    if isinstance(value, dict) and schema.get("type") == "object":
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if properties is not None and key in properties:
+                found += _undeclared(item, properties[key], f"{path}.{key}")
+            elif isinstance(extra, dict):
+                found += _undeclared(item, extra, f"{path}.{key}")
+            elif properties is not None:
+                found.append(f"{path}.{key}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            found += _undeclared(item, schema["items"], f"{path}[{index}]")
+    return found
+
+
+def _validate_pytorchjob(job: dict[str, Any]) -> None:
+    """The training operator's CRD schema (types, enums, required fields), no field it would
+    prune, and each replica's pod template as a core/v1 PodTemplate (strict)."""
+    schema = _pytorchjob_schema()
+    jsonschema.Draft7Validator(schema).validate(job)
+    assert _undeclared(job, schema) == []
+    for replica_type, replica in job["spec"]["pytorchReplicaSpecs"].items():
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "PodTemplate",
+             "metadata": {"name": f"{job['metadata']['name']}-{replica_type.lower()}"},
+             "template": replica["template"]}, KUBE_VERSION, strict=True)
 
 
 def _ancerun_schema() -> dict[str, Any]:
@@ -261,7 +322,8 @@ def test_crd_matches_the_contract() -> None:
     assert version["subresources"] == {"status": {}}
     columns = [(c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"]]
     assert columns == [
-        ("Phase", ".status.phase"), ("Step", ".status.step"), ("Loss", ".status.loss"),
+        ("Phase", ".status.phase"), ("World", ".status.worldSize"), ("Step", ".status.step"),
+        ("Loss", ".status.loss"),
         ("Checkpoint", ".status.latestCheckpoint"), ("Negatives", ".status.negativesStep"),
         ("Gap", ".status.asyncGap"), ("Refresh-s", ".status.refreshPeriodSeconds"),
         ("nDCG@10", ".status.ndcgAt10"), ("MRR@10", ".status.mrrAt10"),
@@ -273,7 +335,8 @@ def test_crd_matches_the_contract() -> None:
     status = schema["status"]["properties"]
     assert {k: v["type"] for k, v in status.items()} == {
         "phase": "string", "message": "string", "step": "integer", "totalSteps": "integer",
-        "loss": "number", "latestCheckpoint": "integer", "negativesStep": "integer",
+        "worldSize": "integer", "loss": "number", "latestCheckpoint": "integer",
+        "negativesStep": "integer",
         "asyncGap": "integer", "refreshPeriodSeconds": "number", "indexStep": "integer",
         "ndcgAt10": "number", "mrrAt10": "number", "evalStep": "integer", "updated": "string"}
     assert status["phase"]["enum"] == ["Pending", "Training", "Succeeded", "Failed"]
@@ -287,12 +350,14 @@ def test_ancerun_status_schema_accepts_reports_and_rejects_bad_ones(
     run = one(default_objects, "AnceRun", FULLNAME)
     assert run["spec"] == {"runId": "ance-run", "configMap": f"{FULLNAME}-config"}
     reported = {**run, "status": {"phase": "Training", "step": 120, "totalSteps": 2000,
-                                  "loss": 0.42, "latestCheckpoint": 100, "negativesStep": 0,
+                                  "worldSize": 8, "loss": 0.42, "latestCheckpoint": 100,
+                                  "negativesStep": 0,
                                   "asyncGap": 120, "refreshPeriodSeconds": 95.5,
                                   "ndcgAt10": 0.61, "mrrAt10": 0.58, "evalStep": 0,
                                   "indexStep": 0, "message": "ok", "updated": "now"}}
     validator.validate(reported)
-    for bad in ({"phase": "Running"}, {"step": "12"}, {"loss": "low"}):
+    for bad in ({"phase": "Running"}, {"step": "12"}, {"loss": "low"}, {"worldSize": 0},
+                {"worldSize": "8"}):
         assert not validator.is_valid({**run, "status": bad}), bad
 
 
@@ -899,6 +964,7 @@ def test_trainer_ranks_indexed_job_headless_service_and_torchrun(
     assert _flag(command, "--rdzv-endpoint") == f"{FULLNAME}-trainer-0.{RANKS_SERVICE}:29400"
     assert _flag(command, "--rdzv-id") == RELEASE
     assert _flag(command, "--max-restarts") == "3"
+    assert _flag(command, "--rdzv-conf") == "join_timeout=900"  # trainer.rdzvJoinTimeout
     assert "--master-addr" not in command and "--master-port" not in command
     assert command[-2:] == ["-m", "ance_train.cli"]
     assert main["args"] == ["serve", "trainer"]
@@ -1029,6 +1095,335 @@ def test_run_config_processes_set_equal_to_the_ranks_is_kept() -> None:
     assert config["training"]["processes"] == 3
     assert one(objects, "Job", f"{FULLNAME}-trainer")["spec"]["completions"] == 3
 
+
+# --------------------------------------------------------------------------- Kubeflow PyTorchJob
+
+KUBEFLOW = {"trainer": {**RANKS["trainer"], "kubeflow": {"enabled": True}}}
+TRAINER = f"{FULLNAME}-trainer"
+# Labels the training operator puts on the pods of a PyTorchJob (release v1.9.0,
+# pkg/apis/kubeflow.org/v1/common_types.go: replica type lower-cased, index as a string).
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+
+
+@pytest.fixture(scope="module")
+def kubeflow_objects() -> list[dict[str, Any]]:
+    return render_chart(KUBEFLOW)
+
+
+def _pytorch_container(job: dict[str, Any], replica_type: str) -> dict[str, Any]:
+    spec = job["spec"]["pytorchReplicaSpecs"][replica_type]["template"]["spec"]
+    (container,) = [c for c in spec["containers"] if c["name"] == "pytorch"]
+    return container
+
+
+def operator_env(job: dict[str, Any], replica_type: str, index: int) -> dict[str, str]:
+    """The variables the training operator adds to the `pytorch` container of replica
+    ``replica_type``/``index`` of ``job``, by the rules of its release v1.9.0 (the CRD fixture's):
+    pkg/controller.v1/pytorch/envvar.go (setPodEnv), master.go and elastic.go. No operator can
+    run here; this follows that code for the fields a PyTorchJob can set."""
+    spec, name = job["spec"], job["metadata"]["name"]
+    replicas = spec["pytorchReplicaSpecs"]
+
+    def port(rtype: str) -> int:
+        return next(p["containerPort"] for p in _pytorch_container(job, rtype)["ports"]
+                    if p["name"] == "pytorchjob-port")
+
+    total = sum(r["replicas"] for r in replicas.values())
+    env = {"PYTHONUNBUFFERED": "1"}
+    if "Master" in replicas:
+        rank = index + (1 if replica_type == "Worker" else 0)
+        nproc = int(spec["nprocPerNode"]) if spec.get("nprocPerNode", "").isdigit() else 1
+        env |= {"MASTER_PORT": str(port("Master")), "PET_MASTER_PORT": str(port("Master")),
+                "MASTER_ADDR": f"{name}-master-0", "PET_MASTER_ADDR": f"{name}-master-0",
+                "WORLD_SIZE": str(total * nproc), "RANK": str(rank),
+                "PET_NODE_RANK": str(rank)}
+    if "nprocPerNode" in spec:
+        env["PET_NPROC_PER_NODE"] = spec["nprocPerNode"]
+    elastic = spec.get("elasticPolicy")
+    if elastic is None:
+        env["PET_NNODES"] = str(total)
+        return env
+    env["PET_RDZV_ENDPOINT"] = (f"{elastic.get('rdzvHost', f'{name}-worker-0')}:"
+                                f"{elastic.get('rdzvPort', port('Worker'))}")
+    env["PET_RDZV_BACKEND"] = elastic.get("rdzvBackend", "c10d")
+    if "minReplicas" in elastic or "maxReplicas" in elastic:
+        env["PET_NNODES"] = f"{elastic['minReplicas']}:{elastic['maxReplicas']}"
+    else:
+        env["PET_NNODES"] = str(replicas["Worker"]["replicas"])
+    if "maxRestarts" in elastic:
+        env["PET_MAX_RESTARTS"] = str(elastic["maxRestarts"])
+    if "rdzvId" in elastic:
+        env["PET_RDZV_ID"] = elastic["rdzvId"]
+    if elastic.get("rdzvConf"):
+        env["PET_RDZV_CONF"] = ",".join(f"{c['key']}={c['value']}" for c in elastic["rdzvConf"])
+    return env
+
+
+def _launch(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+            tmp_path: Path) -> dict[str, Any]:
+    """What ``python -m torch.distributed.run ...`` (``argv``) launches in a process whose
+    environment is ``env``: torchrun's own argument parser (which takes the default of each
+    flag from its PET_* variable) and launch configuration."""
+    import tempfile
+
+    from torch.distributed import run as torchrun
+
+    assert argv[:3] == ["python", "-m", "torch.distributed.run"], argv
+    with monkeypatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith("PET_")]:
+            patch.delenv(name)
+        for name, value in {**env, "OMP_NUM_THREADS": "1"}.items():
+            patch.setenv(name, value)
+        patch.setattr(tempfile, "tempdir", str(tmp_path))  # torchrun's log directory
+        config, _, cmd_args = torchrun.config_from_args(torchrun.parse_args(argv[3:]))
+    return {"nodes": (config.min_nodes, config.max_nodes),
+            "nproc_per_node": config.nproc_per_node, "run_id": config.run_id,
+            "rdzv_backend": config.rdzv_backend, "rdzv_endpoint": config.rdzv_endpoint,
+            "rdzv_configs": dict(config.rdzv_configs), "max_restarts": config.max_restarts,
+            "role": config.role, "start_method": config.start_method,
+            "monitor_interval": config.monitor_interval, "local_addr": config.local_addr,
+            "cmd_args": cmd_args}
+
+
+def _pod_labels(job: dict[str, Any], replica_type: str, index: int) -> dict[str, str]:
+    """A PyTorchJob pod's labels: its template's and those the operator adds."""
+    template = job["spec"]["pytorchReplicaSpecs"][replica_type]["template"]
+    return {**template["metadata"]["labels"], REPLICA_TYPE_LABEL: replica_type.lower(),
+            REPLICA_INDEX_LABEL: str(index),
+            "training.kubeflow.org/job-name": job["metadata"]["name"]}
+
+
+def test_kubeflow_lint_strict_passes() -> None:
+    result = lint_chart(KUBEFLOW)
+    assert result.ok, result.errors
+
+
+def test_kubeflow_pytorchjob_replaces_the_job_and_headless_service(
+    kubeflow_objects: list[dict[str, Any]], ranks_objects: list[dict[str, Any]],
+) -> None:
+    assert not find(kubeflow_objects, "Job")
+    assert not find(kubeflow_objects, "Service", RANKS_SERVICE)  # the operator makes its own
+    job = one(kubeflow_objects, "PyTorchJob", TRAINER)
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    spec = job["spec"]
+    assert spec["nprocPerNode"] == "4"
+    assert spec["elasticPolicy"] == {
+        "rdzvBackend": "c10d", "rdzvHost": f"{TRAINER}-master-0", "rdzvPort": 29400,
+        "rdzvId": RELEASE, "rdzvConf": [{"key": "join_timeout", "value": "900"}],
+        "minReplicas": 2, "maxReplicas": 2, "maxRestarts": 3}
+    assert spec["runPolicy"] == {"backoffLimit": 4, "cleanPodPolicy": "Running"}
+    replicas = spec["pytorchReplicaSpecs"]
+    assert {t: (r["replicas"], r["restartPolicy"]) for t, r in replicas.items()} == {
+        "Master": (1, "OnFailure"), "Worker": (1, "OnFailure")}
+
+    # The pod template is the Indexed Job's, but for what the operator does itself: the
+    # container name it requires, the rendezvous (from its PET_* variables instead of flags),
+    # its port name, the restart policy (per replica), the pods' DNS names (its Services).
+    job_pod = yaml.safe_load(yaml.safe_dump(one(ranks_objects, "Job", TRAINER)["spec"][
+        "template"]))
+    del job_pod["spec"]["restartPolicy"], job_pod["spec"]["subdomain"]
+    for key in ("name", "command", "ports"):
+        del job_pod["spec"]["containers"][0][key]
+    for replica in replicas.values():
+        pod = yaml.safe_load(yaml.safe_dump(replica["template"]))
+        main = pod["spec"]["containers"][0]
+        assert main.pop("name") == "pytorch"
+        assert main.pop("command") == ["python", "-m", "torch.distributed.run", "-m",
+                                       "ance_train.cli"]
+        assert {p["name"]: p["containerPort"] for p in main.pop("ports")} == {
+            "grpc": 50051, "metrics": 9100, "pytorchjob-port": 29400}
+        assert pod == job_pod
+    master = replicas["Master"]["template"]["spec"]
+    assert [c["name"] for c in master["initContainers"]] == ["prepare"]
+    env = env_of(master["containers"][0])
+    assert env["NCCL_SOCKET_IFNAME"]["value"] == "eth0" and set(env) >= CONTRACT_ENV
+    assert master["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert {m["mountPath"]: m["name"] for m in master["containers"][0]["volumeMounts"]}[
+        "/dev/shm"] == "dshm"
+    config = parse_config(yaml.safe_load(
+        one(kubeflow_objects, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"]))
+    assert config.training.processes == 8
+    _validate_all(kubeflow_objects)
+
+
+def test_kubeflow_services_and_network_policy_select_the_operator_pods(
+    kubeflow_objects: list[dict[str, Any]],
+) -> None:
+    """The trainer's Service reaches only the Master pod (global rank 0); the NetworkPolicies
+    let the trainer pods talk to each other and to Redis / the store as the Job's pods do."""
+    job = one(kubeflow_objects, "PyTorchJob", TRAINER)
+    master, worker = _pod_labels(job, "Master", 0), _pod_labels(job, "Worker", 0)
+    service = one(kubeflow_objects, "Service", TRAINER)["spec"]["selector"]
+    assert service[REPLICA_TYPE_LABEL] == "master"
+    assert selects({"matchLabels": service}, master)
+    assert not selects({"matchLabels": service}, worker)
+    ranks = one(kubeflow_objects, "NetworkPolicy", f"{FULLNAME}-trainer-ranks")["spec"]
+    services = one(kubeflow_objects, "NetworkPolicy", f"{FULLNAME}-services")["spec"]
+    for labels in (master, worker):
+        assert selects(ranks["podSelector"], labels)
+        assert selects(ranks["ingress"][0]["from"][0]["podSelector"], labels)
+        assert selects(services["podSelector"], labels)
+
+
+def test_kubeflow_one_node_is_one_worker_with_probes() -> None:
+    """The operator requires a Worker replica with elasticPolicy: one node is one Worker pod,
+    the rendezvous host, which holds rank 0 and keeps its gRPC probes."""
+    objects = render_chart({"trainer": {"kubeflow": {"enabled": True}, "procsPerNode": 2,
+                                        "gpus": 2, "rdzvJoinTimeout": 120}})
+    job = one(objects, "PyTorchJob", TRAINER)
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert {t: r["replicas"] for t, r in replicas.items()} == {"Worker": 1}
+    elastic = job["spec"]["elasticPolicy"]
+    assert elastic["rdzvHost"] == f"{TRAINER}-worker-0"
+    assert (elastic["minReplicas"], elastic["maxReplicas"]) == (1, 1)
+    assert elastic["rdzvConf"] == [{"key": "join_timeout", "value": "120"}]
+    main = _pytorch_container(job, "Worker")
+    assert main["readinessProbe"]["grpc"] == {"port": 50051}
+    service = one(objects, "Service", TRAINER)["spec"]["selector"]
+    assert REPLICA_TYPE_LABEL not in service
+    assert selects({"matchLabels": service}, _pod_labels(job, "Worker", 0))
+    _validate_all(objects)
+
+
+@pytest.mark.parametrize(
+    ("trainer", "expected"),
+    [
+        ({"backoffLimit": 0}, {"backoffLimit": 0, "cleanPodPolicy": "Running"}),
+        ({"backoffLimit": 7, "activeDeadlineSeconds": 259200, "ttlSecondsAfterFinished": 0,
+          "kubeflow": {"enabled": True, "cleanPodPolicy": "None"}},
+         {"backoffLimit": 7, "activeDeadlineSeconds": 259200, "ttlSecondsAfterFinished": 0,
+          "cleanPodPolicy": "None"}),
+    ],
+    ids=["no-retry", "all-set"],
+)
+def test_kubeflow_run_policy_from_values(trainer: dict[str, Any], expected: dict[str, Any]) -> None:
+    values = {"trainer": {"nodes": 3, "gpus": 0, "kubeflow": {"enabled": True}, **trainer}}
+    job = one(render_chart(values), "PyTorchJob", TRAINER)
+    assert job["spec"]["runPolicy"] == expected
+    assert {t: r["replicas"] for t, r in job["spec"]["pytorchReplicaSpecs"].items()} == {
+        "Master": 1, "Worker": 2}
+    _validate_pytorchjob(job)
+
+
+@pytest.mark.parametrize(
+    ("breakage", "how"),
+    [
+        (lambda job: job["spec"].__setitem__("nprocPerNode", 4), "schema"),  # a string there
+        (lambda job: job["spec"]["pytorchReplicaSpecs"]["Worker"].__setitem__(
+            "replicas", "one"), "schema"),
+        (lambda job: job["spec"].pop("pytorchReplicaSpecs"), "schema"),  # required
+        (lambda job: job["spec"]["elasticPolicy"].__setitem__(
+            "rdzvBackened", "c10d"), "pruned"),  # misspelt: an API server would drop it
+        (lambda job: job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+            "containers"][0].__setitem__("readinesProbe", {}), "pod"),
+    ],
+    ids=["nproc-int", "replicas-string", "no-replicas", "misspelt-field", "pod-field"],
+)
+def test_invalid_pytorchjob_is_rejected(
+    kubeflow_objects: list[dict[str, Any]], breakage: Any, how: str,
+) -> None:
+    """The PyTorchJob validation has teeth: each breakage fails it, where expected."""
+    job = one(kubeflow_objects, "PyTorchJob", TRAINER)
+    _validate_pytorchjob(job)
+    broken = yaml.safe_load(yaml.safe_dump(job))
+    breakage(broken)
+    schema = _pytorchjob_schema()
+    assert jsonschema.Draft7Validator(schema).is_valid(broken) == (how != "schema")
+    # The CRD embeds the pod schema: a misspelt pod field would be pruned as well.
+    assert bool(_undeclared(broken, schema)) == (how in ("pruned", "pod"))
+    if how == "pod":
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(
+                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "master"},
+                 "template": broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]},
+                KUBE_VERSION, strict=True)
+    with pytest.raises((jsonschema.ValidationError, AssertionError,
+                        kubernetes_validate.ValidationError)):
+        _validate_pytorchjob(broken)
+
+
+def test_pytorchjob_crd_fixture_names_its_source() -> None:
+    header = PYTORCHJOB_CRD.read_text().split("\n---\n", 1)[0]
+    for text in ("github.com/kubeflow/training-operator",
+                 "manifests/base/crds/kubeflow.org_pytorchjobs.yaml", "v1.9.0",
+                 "6f74c7f6b2ed6c27aabd82d0a316b23f0646059c", "Apache License 2.0"):
+        assert text in header, text
+
+
+def test_rank_commands_launch_the_same_as_the_embedded_launcher(
+    ranks_objects: list[dict[str, Any]], kubeflow_objects: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """The embedded launcher, the Indexed Job's pods and the PyTorchJob's pods (with the
+    variables the operator adds) launch the same rank code with the same settings, as
+    torchrun itself reads their commands; only how the ranks meet differs (a local master
+    address embedded, a c10d rendezvous on pod 0 / the Master pod in the cluster)."""
+    embedded_argv = ["python", *service_command("trainer", 4)[1:], "serve", "trainer"]
+    embedded = _launch(embedded_argv, {}, monkeypatch, tmp_path)
+
+    job_main = pod_spec(one(ranks_objects, "Job", TRAINER))["containers"][0]
+    job_pods = [_launch([arg.replace("$(JOB_COMPLETION_INDEX)", str(index)) for arg in
+                         [*job_main["command"], *job_main["args"]]], {}, monkeypatch, tmp_path)
+                for index in (0, 1)]
+
+    pytorchjob = one(kubeflow_objects, "PyTorchJob", TRAINER)
+    operator_pods = []
+    for replica_type in ("Master", "Worker"):
+        main = _pytorch_container(pytorchjob, replica_type)
+        env = {**{e["name"]: e["value"] for e in main["env"] if "value" in e},
+               **operator_env(pytorchjob, replica_type, 0)}
+        operator_pods.append(_launch([*main["command"], *main["args"]], env, monkeypatch,
+                                     tmp_path))
+
+    rank_code = ["-u", "-m", "ance_train.cli", "serve", "trainer"]
+    for launch in (embedded, *job_pods, *operator_pods):
+        assert launch["cmd_args"] == rank_code
+        assert launch["nproc_per_node"] == 4
+        for key in ("role", "start_method", "monitor_interval", "local_addr"):
+            assert launch[key] == embedded[key], key
+    assert (embedded["nodes"], embedded["rdzv_backend"]) == ((1, 1), "static")
+    cluster = {"nodes": (2, 2), "rdzv_backend": "c10d", "run_id": RELEASE, "max_restarts": 3}
+    for launch in (*job_pods, *operator_pods):
+        assert {k: launch[k] for k in cluster} == cluster
+        assert launch["rdzv_configs"]["join_timeout"] == "900"
+    assert job_pods[0] == job_pods[1]
+    assert operator_pods[0] == operator_pods[1]
+    assert job_pods[0]["rdzv_endpoint"] == f"{TRAINER}-0.{RANKS_SERVICE}:29400"
+    assert operator_pods[0]["rdzv_endpoint"] == f"{TRAINER}-master-0:29400"
+    # Apart from where the rendezvous is, the Job's and the PyTorchJob's pods launch alike.
+    assert ({**job_pods[0], "rdzv_endpoint": None}
+            == {**operator_pods[0], "rdzv_endpoint": None})
+
+
+@pytest.mark.parametrize(
+    ("trainer", "field"),
+    [
+        ({"kubeflow": {"enabled": "yes"}}, "/trainer/kubeflow/enabled"),
+        ({"kubeflow": {"enabled": True, "cleanPodPolicy": "Finished"}},
+         "/trainer/kubeflow/cleanPodPolicy"),
+        ({"kubeflow": {"enabled": True, "elastic": True}}, "elastic"),
+        ({"rdzvJoinTimeout": 0}, "/trainer/rdzvJoinTimeout"),
+        ({"rdzvJoinTimeout": "15m"}, "/trainer/rdzvJoinTimeout"),
+    ],
+)
+def test_values_schema_rejects_bad_kubeflow_values(trainer: dict[str, Any], field: str) -> None:
+    with pytest.raises(HelmError) as failure:
+        render_manifests({"trainer": trainer})
+    message = str(failure.value)
+    assert "schema" in message or "at '" in message, message
+    assert field in message, message
+
+
+def test_notes_name_the_pytorchjob_and_the_world_size() -> None:
+    notes = render_notes(KUBEFLOW)
+    assert "trainer ×8 ranks (2 pod(s) × 4; a Kubeflow PyTorchJob" in notes
+    assert f"get pytorchjob {TRAINER} -w" in notes
+    assert f"logs -f {TRAINER}-master-0" in notes
+    assert "get job " not in notes and "job/" not in notes
+    indexed = render_notes(RANKS)
+    assert "trainer ×8 ranks (2 pod(s) × 4; an Indexed Job" in indexed
+    assert "batch.kubernetes.io/job-completion-index=0" in indexed
 
 
 # --------------------------------------------------------------------------- images

@@ -26,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ance_train.infra.bus import EventBus, connect
+from ance_train.launcher.embedded import service_command
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.observability.kube import KubeSettings, RunReporter
 from ance_train.protocol import keys
@@ -171,6 +172,7 @@ def test_ancerun_status_progressed_to_succeeded(cluster_run: dict) -> None:
     assert phases.index("Training") < phases.index("Succeeded")
     assert phases[-1] == "Succeeded"
     status = standin.status
+    assert status["worldSize"] == 1  # one trainer process
     assert status["step"] == status["totalSteps"] == STEPS
     assert status["latestCheckpoint"] == STEPS
     assert 0 <= status["negativesStep"] <= STEPS
@@ -301,3 +303,34 @@ def test_other_roles_report_a_crash_as_service_failed(standin: KubeStandIn) -> N
     assert "indexer indexer-0: RuntimeError: disk full" in event["message"]
     assert "key:secret" not in event["message"]  # URL userinfo is redacted
     assert "phase" not in standin.status  # only the trainer decides the run's phase
+
+
+def test_trainer_ranks_report_their_world_size_once(tmp_path: Path, standin: KubeStandIn,
+                                                    redis_server: RedisServer, tiny_model: Path,
+                                                    scifact_subset: Path) -> None:
+    """Two trainer ranks (gloo, started as the embedded mode and the chart's pods start them:
+    torch.distributed.run ... -m ance_train.cli serve trainer): rank 0 reports the world size
+    on the AnceRun, and the run's progress once, not once per rank."""
+    steps, every = 4, 2
+    harness = Harness.prepare(
+        tmp_path, redis_server.url, run_id="kube-ranks",
+        data={"path": str(scifact_subset), "dev_fraction": 0.2},
+        model={"path": str(tiny_model), "max_query_length": 16, "max_doc_length": 32},
+        training={"steps": steps, "batch_size": 8, "refresh_every": every, "warmup_steps": 1,
+                  "torch_threads": 1, "processes": 2},
+        negatives={"pool": "random", "per_query": 1, "warmup": "none"})
+    command = [*service_command("trainer", 2), "serve", "trainer", "--config",
+               str(harness.config_path), "--instance", "trainer",
+               "--work-dir", str(tmp_path / "work")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={
+        **harness.env(), "ANCE_ANCERUN": standin.name, "ANCE_K8S_NAMESPACE": NAMESPACE,
+        "ANCE_KUBE_API": standin.url})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    status = standin.status
+    assert status["worldSize"] == 2
+    assert (status["phase"], status["step"], status["totalSteps"]) == ("Succeeded", steps, steps)
+    assert {s.get("worldSize") for s in standin.statuses} <= {None, 2}
+    reasons = [e["reason"] for e in standin.events.values()]
+    assert reasons.count("CheckpointPublished") == steps // every + 1  # 0, 2, 4: rank 0 only
+    assert reasons.count("RunSucceeded") == 1
+    assert standin.pruned == set() and standin.rejected == []

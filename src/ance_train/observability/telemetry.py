@@ -17,12 +17,14 @@ PREFERRED_EVAL_SPLIT = "dev"
 
 
 class TrainerTelemetry:
-    def __init__(self, reporter: RunReporter, total_steps: int) -> None:
+    def __init__(self, reporter: RunReporter, total_steps: int, world_size: int = 1) -> None:
         self.reporter = reporter
         self.total_steps = total_steps
+        self.world_size = world_size  # data-parallel ranks (rank 0 alone reports)
 
     def started(self) -> None:
         self.reporter.update(urgent=True, phase="Pending", totalSteps=self.total_steps,
+                             worldSize=self.world_size,
                              message="starting: first checkpoint and negatives")
 
     def step(self, step: int, loss: float, negatives_step: int | None, gap: int | None) -> None:

@@ -128,7 +128,7 @@ class Trainer:
             RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
         self.dance = cfg.negatives.strategy("dance")  # DANCE's dual loss (off at weight 0)
         self.record = TrainingRecord()
-        self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps)
+        self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps, self.dist.world_size)
         # Rank 0 alone reports, as it alone checkpoints and writes the summary.
         self.tracking = (open_tracking(cfg, "trainer", ctx.store, ctx.work_dir)
                          if self.dist.is_main else Tracking([]))
