@@ -282,3 +282,19 @@ def _checkpoint_dir(harness: Harness, step: int) -> Path:
     target = harness.root / f"ckpt-{step}"
     harness.store.get_dir(keys.checkpoint(step), target)
     return target
+
+
+def test_a_checkpoint_without_a_stored_batch_resumes_by_building_it(
+        tmp_path: Path, redis_server, tiny_model: Path, scifact_subset: Path) -> None:
+    """Checkpoint 0 stores no lookahead (nothing is built before it), as checkpoints written
+    before the lookahead existed: a run resumed there builds batch 1 itself and trains as the
+    uninterrupted run did."""
+    a = _harness(tmp_path / "a", "whole", redis_server.url, tiny_model, scifact_subset)
+    straight = _trainer(a).run()
+    b = _harness(tmp_path / "b", "from-zero", redis_server.url, tiny_model, scifact_subset)
+    b.store.put_dir(keys.checkpoint(0), _checkpoint_dir(a, 0))
+    resumed_trainer = _trainer(b)
+    assert resumed_trainer.resumed_from == 0 and resumed_trainer._lookahead is None
+    resumed = resumed_trainer.run()
+    assert resumed.resumed_from == [0]
+    assert resumed.losses == straight.losses
