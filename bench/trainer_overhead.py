@@ -418,9 +418,9 @@ def render_overlap(report: dict) -> str:
                      f"{r['prepare_ms']['median']:.2f} | {r['prepare_wait_ms']['median']:.2f}"
                      f" | {r['step_s']['n']} |")
     lines += ["", f"Step time inline / background: **{d['speedup']:.3f}×** (median step "
-              f"{d['saved_ms_per_step']:.1f} ms shorter with the overlap; the preparation "
-              f"alone takes {d['inline']['prepare_ms']['median']:.1f} ms on an otherwise idle "
-              "thread, the most the overlap can take off a step when a core is free for it)."]
+              f"{d['saved_ms_per_step']:.1f} ms shorter with the overlap). Done inline, the "
+              f"preparation takes {d['inline']['prepare_ms']['median']:.1f} ms: the most the "
+              "overlap can take off a step, given a core free for the thread."]
     return "\n".join(lines) + "\n"
 
 
