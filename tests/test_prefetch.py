@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,11 +49,27 @@ def _harness(root: Path, run_id: str, redis_url: str, model: Path, data: Path,
     )
 
 
+_made: list[Trainer] = []
+
+
+@pytest.fixture(autouse=True)
+def _end_feeds(redis_server) -> Iterator[None]:
+    """Stop the negatives feed thread of every trainer a test made before Redis goes away."""
+    yield
+    for trainer in _made:
+        trainer.ctx.stop.set()
+        if trainer.feed._thread.is_alive():
+            trainer.feed._thread.join(timeout=10)
+    _made.clear()
+
+
 def _trainer(harness: Harness) -> Trainer:
-    return Trainer(connect_context(ServiceOptions(
+    trainer = Trainer(connect_context(ServiceOptions(
         role="trainer", config_path=str(harness.config_path), redis_url=harness.redis_url,
         work_dir=str(harness.root / "work"), instance="trainer",
         store_dir=str(harness.root / "store"))))
+    _made.append(trainer)
+    return trainer
 
 
 def _record_builds(trainer: Trainer) -> list:
@@ -116,6 +133,8 @@ def test_next_batch_is_tokenised_on_the_worker_while_the_step_runs_backward(
             step["met"] = time.perf_counter()
 
     trainer.model.encoder.embeddings.word_embeddings.weight.register_hook(in_backward)
+    logged: dict[int, float] = {}  # when each step was logged (after its backward)
+    _after_step(trainer, lambda step: logged.setdefault(step, time.perf_counter()))
     built = _record_builds(trainer)
     record = trainer.run()
 
@@ -123,10 +142,10 @@ def test_next_batch_is_tokenised_on_the_worker_while_the_step_runs_backward(
     assert "met" in backward[2]
     assert {c["thread"] for c in calls} == {f"{WORKER}_0"}
     assert {b["thread"] for b in backward.values()} == {threading.current_thread().name}
-    # Batch 3's queries were tokenised after step 2's backward had begun, on the worker.
+    # Batch 3's queries were being tokenised, on the worker, while step 2's backward ran.
     batch3 = calls[4]
     assert batch3["text"] == built[2].query_texts[0]
-    assert batch3["start"] < backward[2]["met"] < batch3["end"]
+    assert backward[2]["start"] < batch3["end"] and batch3["start"] < logged[2]
     assert len(record.prepare_ms) == len(record.prepare_wait_ms) == STEPS
     assert all(ms > 0 for ms in record.prepare_ms)
     assert _worker_threads() == [], "the prefetch thread outlived the run"
