@@ -20,9 +20,18 @@ training query, uniform probabilities) before the first step and a new one every
     noise; the trainer's background threads (checkpoint upload, negatives feed) run during
     both. The first step of each run is a warm-up and is not counted.
 
-    python bench/trainer_overhead.py --repeats 3 --steps 12 --threads 1
+(d) the one-batch lookahead (``trainer/prefetch.py``): the trainer alone (no plain loop
+    beside it), ``--overlap-runs`` runs with batch s+1 read and tokenised on the background
+    thread while step s computes, and as many with the same work done on the loop's thread
+    (``BatchPreparer(background=False)``: build s+1, read + tokenise it, then step s — the
+    sequential cost), alternating. Reported: median step time, the preparation's own time
+    (``prepare_ms``) and how long a step still waited for it (``prepare_wait_ms``).
 
-Writes ``trainer_overhead.json`` / ``trainer_overhead.md`` into ``--out``.
+    python bench/trainer_overhead.py --repeats 3 --steps 12 --threads 1
+    python bench/trainer_overhead.py --overlap-only --tiny --steps 30 --overlap-runs 3
+
+Writes ``trainer_overhead.json`` / ``trainer_overhead.md`` into ``--out``
+(``--overlap-only``: ``trainer_prefetch.json`` / ``.md``, (d) alone).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from ance_train.protocol.events import NegativesReady
 from ance_train.protocol.tables import TableId
 from ance_train.runtime import ServiceOptions, connect_context, prepare_dataset
 from ance_train.trainer.loss import contrastive_nll
+from ance_train.trainer.prefetch import BatchPreparer
 from ance_train.trainer.trainer import Trainer
 
 from report import command_line, machine, utc_now, write_report
@@ -72,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--swap-every-s", type=float, default=8.0)
     parser.add_argument("--micro", type=int, default=2000, help="micro-benchmark batches")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--per-query", type=int, default=1, help="ANN negatives per query")
+    parser.add_argument("--overlap-runs", type=int, default=1,
+                        help="(d): trainer runs with the lookahead and as many without")
+    parser.add_argument("--overlap-only", action="store_true", help="only (d)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tests' tiny random BERT (2 layers, hidden 32) for --model")
     parser.add_argument("--out", type=Path, default=REPO / "docs/benchmarks")
     return parser.parse_args(argv)
 
@@ -85,7 +101,8 @@ def run_config(args: argparse.Namespace, run_id: str, output_dir: Path) -> dict:
         "training": {"steps": args.steps, "batch_size": args.batch_size, "warmup_steps": 2,
                      "learning_rate": 2e-5, "refresh_every": args.refresh_every,
                      "torch_threads": args.threads, "seed": 13},
-        "negatives": {"pool": "ann", "warmup": "none", "per_query": 1, "top_k": args.top_k},
+        "negatives": {"pool": "ann", "warmup": "none", "per_query": args.per_query,
+                      "top_k": args.top_k},
     }
 
 
@@ -188,8 +205,8 @@ class Instrumented:
 
         def log_then_plain_step(*a, **k):
             log_step(*a, **k)  # the trainer step's time was taken before this call
-            if after_step is not None:
-                after_step(self.batches[-1])
+            if after_step is not None:  # batch s+1 is already built (lookahead): take s's
+                after_step(self.batches[trainer.step - 1])
 
         def timed_checkpoint(step, *a, **k):
             started = time.perf_counter()
@@ -242,8 +259,10 @@ class PlainLoop:
         self.seconds.append(time.perf_counter() - started)
 
 
-def trainer_run(args: argparse.Namespace, root: Path, redis_url: str, index: int) -> dict:
-    run_id = f"overhead-{index}"
+def trainer_run(args: argparse.Namespace, root: Path, redis_url: str, run_id: str,
+                paired: bool = True, background: bool = True) -> dict:
+    """One trainer run; ``paired``: the plain loop steps after each trainer step (c);
+    ``background``: the lookahead's preparation on its thread (else on the loop's, (d))."""
     config_path = root / f"{run_id}.yaml"
     config_path.write_text(yaml.safe_dump(run_config(args, run_id, root)))
     config = load_config(config_path)
@@ -254,10 +273,15 @@ def trainer_run(args: argparse.Namespace, root: Path, redis_url: str, index: int
                              store_dir=str(root / "store"))
     ctx = connect_context(options)
     trainer = Trainer(ctx)
-    plain = PlainLoop(args)
+    if not background:
+        inline = trainer.preparer
+        inline.close()
+        trainer.preparer = BatchPreparer(inline.tokenizer, ctx.corpus, args.query_length,
+                                         args.doc_length, background=False)
+    plain = PlainLoop(args) if paired else None
     tokenizer = load_tokenizer(args.model)
-    probe = Instrumented(trainer, after_step=lambda batch: plain.step(
-        tokenise(batch, tokenizer, ctx.corpus, args)))
+    probe = Instrumented(trainer, after_step=None if plain is None else lambda batch:
+                         plain.step(tokenise(batch, tokenizer, ctx.corpus, args)))
     tables = 2 + int(args.steps * 8 / args.swap_every_s)  # enough for steps of up to 8 s
     with FakeIndexer(store, ctx.bus, dataset, args.top_k, args.swap_every_s,
                      tables) as indexer:
@@ -271,7 +295,8 @@ def trainer_run(args: argparse.Namespace, root: Path, redis_url: str, index: int
         "negatives_ms": record.negatives_ms, "negatives_cpu_ms": list(probe.negatives_cpu_ms),
         "sampling_cpu_ms": list(probe.sampling_cpu_ms),
         "step_seconds": step_seconds,
-        "plain_step_seconds": plain.seconds,
+        "plain_step_seconds": [] if plain is None else plain.seconds,
+        "prepare_ms": record.prepare_ms, "prepare_wait_ms": record.prepare_wait_ms,
         "wait_before_first_s": record.wait_before_first_s,
         "waits_after_first": probe.waits_after_first,
         "swaps": record.swaps, "tables_published": indexer.published,
@@ -344,6 +369,61 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def overlap_runs(args: argparse.Namespace, root: Path, redis_url: str) -> dict:
+    """(d): trainer runs with the lookahead's background preparation and without,
+    alternating; step 1 of every run is a warm-up."""
+    runs: dict[str, list[dict]] = {"background": [], "inline": []}
+    for repeat in range(args.overlap_runs):
+        for mode in runs:
+            run = trainer_run(args, root, redis_url, f"prefetch-{mode}-{repeat}", paired=False,
+                              background=mode == "background")
+            run.pop("trainer")
+            runs[mode].append(run)
+            print(f"(d) {mode} {repeat}: {statistics.median(run['step_seconds'][1:]):.4f} "
+                  f"s/step, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    result = {}
+    for mode, done in runs.items():
+        steps = [s for run in done for s in run["step_seconds"][1:]]
+        result[mode] = {
+            "step_s": _summary(steps),
+            "prepare_ms": _summary([ms for run in done for ms in run["prepare_ms"][1:]]),
+            "prepare_wait_ms": _summary([ms for run in done
+                                         for ms in run["prepare_wait_ms"][1:]]),
+            "run_median_step_s": [statistics.median(run["step_seconds"][1:]) for run in done],
+            "raw_step_seconds": [run["step_seconds"] for run in done],
+        }
+    on, off = result["background"]["step_s"]["median"], result["inline"]["step_s"]["median"]
+    result["speedup"] = off / on
+    result["saved_ms_per_step"] = (off - on) * 1000
+    return result
+
+
+def render_overlap(report: dict) -> str:
+    p, m, d = report["params"], report["machine"], report["results"]["overlap"]
+    lines = [
+        "## (d) Tokenisation overlapped with the step (one-batch lookahead)", "",
+        f"Model {p['model_name']}; batch {p['batch_size']} queries × (1 positive + "
+        f"{p['per_query']} ANN negative(s)), in-batch negatives, {p['query_length']}/"
+        f"{p['doc_length']} tokens, {p['steps']} steps per run (step 1 not counted), "
+        f"{p['overlap_runs']} run(s) per mode, alternating; {p['threads']} torch thread(s); "
+        f"{m['cores']} cores, load average {m['load_average_before'][0]:.2f} → "
+        f"{m['load_average_after'][0]:.2f}.", "",
+        "| preparation of batch s+1 | median s/step | p95 s/step | prepare_ms (median) | "
+        "step waited for it, ms (median) | n |", "|---|---:|---:|---:|---:|---:|",
+    ]
+    for mode, name in (("background", "background thread, during step s (default)"),
+                       ("inline", "on the loop's thread, before step s (sequential)")):
+        r = d[mode]
+        lines.append(f"| {name} | {r['step_s']['median']:.4f} | {r['step_s']['p95']:.4f} | "
+                     f"{r['prepare_ms']['median']:.2f} | {r['prepare_wait_ms']['median']:.2f}"
+                     f" | {r['step_s']['n']} |")
+    lines += ["", f"Step time inline / background: **{d['speedup']:.3f}×** (median step "
+              f"{d['saved_ms_per_step']:.1f} ms shorter with the overlap). Done inline, the "
+              f"preparation takes {d['inline']['prepare_ms']['median']:.1f} ms: the most the "
+              "overlap can take off a step, given a core free for the thread."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -351,17 +431,26 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        if args.tiny:
+            sys.path.insert(0, str(REPO / "tests"))
+            from support.synthetic import make_tiny_bert
+
+            args.model = str(make_tiny_bert(root / "tiny-bert"))
         redis = RedisServer(root / "redis").start()
         try:
+            if args.overlap_only:
+                overlap = overlap_runs(args, root, redis.url)
+                return _write_overlap(args, load_before, overlap)
             for repeat in range(args.repeats):
                 if runs:  # only the last run's trainer is kept (micro-benchmark)
                     runs[-1].pop("trainer")
-                run = trainer_run(args, root, redis.url, repeat)
+                run = trainer_run(args, root, redis.url, f"overhead-{repeat}")
                 runs.append(run)
                 print(f"run {repeat}: trainer {statistics.median(run['step_seconds']):.2f} s/step"
                       f", plain {statistics.median(run['plain_step_seconds']):.2f} s/step, "
                       f"load {os.getloadavg()[0]:.2f}", file=sys.stderr)
             micro, micro_cpu = micro_benchmark(runs[-1]["trainer"], args.micro)
+            overlap = overlap_runs(args, root, redis.url) if args.overlap_runs else None
         finally:
             redis.stop()
 
@@ -388,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
                    "repeats": args.repeats, "batch_size": args.batch_size,
                    "query_length": args.query_length, "doc_length": args.doc_length,
                    "top_k": args.top_k, "train_queries": runs[-1]["train_queries"],
-                   "swap_every_s": args.swap_every_s, "threads": args.threads},
+                   "swap_every_s": args.swap_every_s, "threads": args.threads,
+                   "per_query": args.per_query, "overlap_runs": args.overlap_runs,
+                   "model_name": _model_name(args)},
         "results": {
             "negatives_ms": _summary([ms for run in runs for ms in run["negatives_ms"]]),
             "negatives_cpu_ms": _summary([ms for run in runs for ms in run["negatives_cpu_ms"]]),
@@ -408,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             # All steps' time (slow steps after a checkpoint, whose upload runs beside them,
             # included): plain total / trainer total.
             "throughput_vs_plain_all_steps": sum(plain_steps) / sum(trainer_steps),
+            "overlap": overlap,
             "throughput": {name: {"s_per_step": s, "steps_per_s": 1 / s,
                                   "ratio_vs_plain": plain_s / s}
                            for name, s in throughput.items()},
@@ -418,7 +510,34 @@ def main(argv: list[str] | None = None) -> int:
                     "swaps": [run["swaps"] for run in runs]},
         },
     }
-    write_report(args.out, "trainer_overhead", report, render(report))
+    markdown = render(report)
+    if overlap is not None:
+        markdown += "\n" + render_overlap(report)
+    write_report(args.out, "trainer_overhead", report, markdown)
+    return 0
+
+
+def _model_name(args: argparse.Namespace) -> str:
+    if args.tiny:
+        return "tiny random BERT (2 layers, hidden 32)"
+    return "all-MiniLM-L6-v2" if args.model == default_model_path() else args.model
+
+
+def _write_overlap(args: argparse.Namespace, load_before: tuple, overlap: dict) -> int:
+    report = {
+        "command": command_line(), "date": utc_now(),
+        "machine": {**machine("cpu"), "load_average_before": load_before,
+                    "load_average_after": os.getloadavg()},
+        "params": {"model": args.model, "model_name": _model_name(args), "steps": args.steps,
+                   "refresh_every": args.refresh_every, "batch_size": args.batch_size,
+                   "per_query": args.per_query, "query_length": args.query_length,
+                   "doc_length": args.doc_length, "top_k": args.top_k,
+                   "overlap_runs": args.overlap_runs, "threads": args.threads},
+        "results": {"overlap": overlap},
+    }
+    write_report(args.out, "trainer_prefetch", report,
+                 f"# Trainer: tokenisation overlap\n\nCommand: `{report['command']}`\n\n"
+                 f"{report['date']}\n\n" + render_overlap(report))
     return 0
 
 

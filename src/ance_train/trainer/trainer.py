@@ -15,6 +15,9 @@ back as they were at that step (:mod:`.training_state`); the checkpoint is not r
 With ``training.processes`` N (started by ``torch.distributed.run``) the step is computed by N
 data-parallel ranks (:mod:`.distributed`, :mod:`.step`, :mod:`.grad_cache`): rank 0 runs the
 loop above and sends each global batch to the others, which follow (:meth:`Trainer._follow`).
+
+Batch s+1 is built and sent before step s is optimised, and every rank reads and tokenises its
+slice of it on a background thread while step s computes (:mod:`.prefetch`).
 """
 
 from __future__ import annotations
@@ -41,18 +44,18 @@ from ance_train.observability.tracking import Tracking, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
 from ance_train.runtime import ServiceContext
-from ance_train.trainer.batches import BatchBuilder
+from ance_train.trainer.batches import BatchBuilder, TrainingBatch
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
 from ance_train.trainer.distributed import (
     DistributedContext,
     broadcast_object,
     init_from_env,
     launched_rank,
-    shard_batch,
 )
 from ance_train.trainer.loss import layer_grad_norms
 from ance_train.trainer.negative_sources import NegativesPicker
 from ance_train.trainer.negatives_feed import NegativesFeed
+from ance_train.trainer.prefetch import BatchPreparer, PlannedBatch, StepInputs
 from ance_train.trainer.step import PairEncoder, backward_step, data_parallel
 from ance_train.trainer.training_state import (
     NegativesInUse,
@@ -75,6 +78,10 @@ class TrainingRecord:
     swaps: list[dict] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
     negatives_ms: list[float] = field(default_factory=list)
+    # Reading + tokenising each step's batch on the prefetch thread, and how long the step
+    # still waited for it (near 0 when it was hidden behind the previous step).
+    prepare_ms: list[float] = field(default_factory=list)
+    prepare_wait_ms: list[float] = field(default_factory=list)
     wait_before_first_s: float = 0.0
     checkpoints: list[int] = field(default_factory=list)
     resumed_from: list[int] = field(default_factory=list)
@@ -112,6 +119,11 @@ class Trainer:
             ctx.log.info("resuming from checkpoint %d", self.resumed_from)
             model_dir = self.publisher.fetch(self.resumed_from)
         self.tokenizer = load_tokenizer(model_dir)
+        # Reads and tokenises the next batch while a step computes; its own tokenizer (the
+        # loop's thread saves ``self.tokenizer`` into checkpoints meanwhile).
+        self.preparer = BatchPreparer(load_tokenizer(model_dir), ctx.corpus,
+                                      cfg.model.max_query_length, cfg.model.max_doc_length,
+                                      self.dist.rank, self.dist.world_size)
         self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
         # What a step trains through: DDP over the pair encoder with several ranks.
         self.encoder = data_parallel(PairEncoder(self.model), self.dist)
@@ -135,6 +147,7 @@ class Trainer:
         self.step = 0
         self.in_use_step: int | None = None  # step of the negatives table the last step used
         self.first_step = 1  # the first step this process runs (logged)
+        self._lookahead: PlannedBatch | None = None  # batch of step + 1 of the checkpoint
         self._resume_state = (None if self.resumed_from is None
                               else self._restore(TrainingState.load(model_dir)))
 
@@ -148,6 +161,11 @@ class Trainer:
         self.record.resumed_from.append(state.step)
         self.step = state.step
         self.in_use_step = state.negatives.in_use
+        if state.lookahead is not None:
+            self._lookahead = PlannedBatch.from_state(state.lookahead)
+            if self._lookahead.step != state.step + 1:
+                raise ValueError(f"checkpoint {state.step}: its lookahead batch is for step "
+                                 f"{self._lookahead.step}, not {state.step + 1}")
         return state
 
     def _abandoned(self) -> ShardFailed | None:
@@ -192,28 +210,42 @@ class Trainer:
             self._restore_rank_rng(self._resume_state.rng)
         self.first_step = self.step + 1
         dual_weight = self.dance.weight
-        while self.step < cfg.training.steps and not ctx.stop.is_set():
-            self.feed.check()
-            self.step += 1
-            started = time.monotonic()
-            source, table = self.picker.pick(self.step)
-            table_step = None if table is None else table.reported_step
-            dual = self.dance.source(self.feed)
-            batch = broadcast_object(self.batches.build(source, dual, self.dance.per_positive),
-                                     self.dist)
-            negatives_ms = (time.monotonic() - started) * 1000
-            if table_step is not None and table_step != self.in_use_step:
-                self.record.swaps.append({"step": self.step, "negatives_step": table_step})
-                self.in_use_step = table_step
-            loss, dual_loss = self._optimise(batch, dual_weight)
-            # Async gap: steps since the checkpoint that mined the table in use (ANN only).
-            gap = None if table is None or table.step is None else self.step - table.step
-            self.record.dual_losses.append(dual_loss)
-            self.record.hard_negatives.append(batch.hard_negatives)
-            self._log_step(loss, gap, table_step, negatives_ms, time.monotonic() - started)
-            if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
-                self._checkpoint(self.step)
-        broadcast_object(None, self.dist)  # the other ranks stop here too
+        # One-batch lookahead (.prefetch): batch s+1 is built and sent before step s trains.
+        upcoming = (self._lookahead or self._plan(self.step + 1)
+                    if self.step < cfg.training.steps and not ctx.stop.is_set() else None)
+        broadcast_object(upcoming, self.dist)
+        pending = None if upcoming is None else self.preparer.submit(upcoming)
+        try:
+            while True:
+                if (upcoming is None or self.step >= cfg.training.steps
+                        or ctx.stop.is_set()):
+                    broadcast_object(None, self.dist)  # the other ranks stop here too
+                    break
+                self.feed.check()
+                self.step += 1
+                started = time.monotonic()
+                current, inputs = upcoming, pending
+                upcoming = (self._plan(self.step + 1) if self.step < cfg.training.steps
+                            else None)
+                broadcast_object(_Next(upcoming), self.dist)
+                pending = None if upcoming is None else self.preparer.submit(upcoming)
+                if current.table_step is not None and current.table_step != self.in_use_step:
+                    self.record.swaps.append({"step": self.step,
+                                              "negatives_step": current.table_step})
+                    self.in_use_step = current.table_step
+                loss, dual_loss = self._optimise(current.batch, self.preparer.result(inputs),
+                                                 dual_weight)
+                # Async gap: steps since the checkpoint that mined the table in use (ANN only).
+                gap = None if current.mined_at is None else self.step - current.mined_at
+                self.record.dual_losses.append(dual_loss)
+                self.record.hard_negatives.append(current.batch.hard_negatives)
+                self._log_step(loss, gap, current.table_step, current.negatives_ms,
+                               time.monotonic() - started)
+                if (self.step % cfg.training.refresh_every == 0
+                        or self.step == cfg.training.steps):
+                    self._checkpoint(self.step, upcoming)
+        finally:
+            self.preparer.close()
         self.publisher.flush()
         self.publisher.close()
         finished = self.step >= cfg.training.steps
@@ -223,6 +255,17 @@ class Trainer:
             self.telemetry.finished(self.step)
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
         return self.record
+
+    def _plan(self, step: int) -> PlannedBatch:
+        """Global batch ``step`` on the negatives held now (rank 0)."""
+        started = time.monotonic()
+        source, table = self.picker.pick(step)
+        dual = self.dance.source(self.feed)
+        batch = self.batches.build(source, dual, self.dance.per_positive)
+        return PlannedBatch(step=step, batch=batch,
+                            table_step=None if table is None else table.reported_step,
+                            mined_at=None if table is None else table.step,
+                            negatives_ms=(time.monotonic() - started) * 1000)
 
     def _follow(self) -> TrainingRecord:
         """A rank other than 0: train on the global batches rank 0 sends (so negatives swap at
@@ -235,35 +278,46 @@ class Trainer:
             self._gather_rng()  # rank 0 saves checkpoint 0
         else:
             self._restore_rank_rng(self._resume_state.rng)
-        while (batch := broadcast_object(None, self.dist)) is not None:
-            self.step += 1
-            loss, dual_loss = self._optimise(batch, self.dance.weight)
-            self.record.losses.append(loss)
-            self.record.dual_losses.append(dual_loss)
-            self.ctx.state.update(step=self.step, done=self.step, metrics={"loss": loss})
-            if self.step % cfg.training.refresh_every == 0 or self.step == cfg.training.steps:
-                self._gather_rng()  # rank 0 saves a checkpoint
+        # Rank 0 sends the first batch, then per step the batch after it (_Next), or None.
+        upcoming: PlannedBatch | None = broadcast_object(None, self.dist)
+        pending = None if upcoming is None else self.preparer.submit(upcoming)
+        try:
+            while (order := broadcast_object(None, self.dist)) is not None:
+                if upcoming is None or pending is None:
+                    raise RuntimeError(f"rank {self.dist.rank}: rank 0 ordered step "
+                                       f"{self.step + 1} but sent no batch for it")
+                self.step += 1
+                current, inputs = upcoming, pending
+                upcoming = order.batch
+                pending = None if upcoming is None else self.preparer.submit(upcoming)
+                loss, dual_loss = self._optimise(current.batch, self.preparer.result(inputs),
+                                                 self.dance.weight)
+                self.record.losses.append(loss)
+                self.record.dual_losses.append(dual_loss)
+                self.ctx.state.update(step=self.step, done=self.step, metrics={"loss": loss})
+                if (self.step % cfg.training.refresh_every == 0
+                        or self.step == cfg.training.steps):
+                    self._gather_rng()  # rank 0 saves a checkpoint
+        finally:
+            self.preparer.close()
         self.ctx.state.update(state="finished", phase="done")
         return self.record
 
-    def _optimise(self, batch, dual_weight: float) -> tuple[float, float | None]:
+    def _optimise(self, batch: TrainingBatch, inputs: StepInputs,
+                  dual_weight: float) -> tuple[float, float | None]:
         """One optimiser step on this rank's slice of the global batch (the whole batch in a
-        single process): the loss over the global batch, its gradient (cached in chunks with
-        ``training.grad_cache_chunk``), clipping, the update."""
+        single process), tokenised ahead in ``inputs``: the loss over the global batch, its
+        gradient (cached in chunks with ``training.grad_cache_chunk``), clipping, the
+        update."""
         cfg = self.cfg
         self.model.train()
-        shard = shard_batch(batch, self.dist.rank, self.dist.world_size)
-        queries = self.tokenizer(shard.query_texts + shard.dual_query_texts, padding=True,
-                                 truncation=True, max_length=cfg.model.max_query_length,
-                                 return_tensors="pt")
-        docs = self.tokenizer(self.ctx.corpus.texts(shard.doc_indices), padding=True,
-                              truncation=True, max_length=cfg.model.max_doc_length,
-                              return_tensors="pt")
+        self.record.prepare_ms.append(inputs.prepare_ms)
+        self.record.prepare_wait_ms.append(inputs.wait_ms)
         self.optimizer.zero_grad(set_to_none=True)
         loss, dual_loss = backward_step(
-            self.encoder, shard,
-            (queries["input_ids"].to(self.device), queries["attention_mask"].to(self.device)),
-            (docs["input_ids"].to(self.device), docs["attention_mask"].to(self.device)),
+            self.encoder, inputs.shard,
+            (inputs.query_ids.to(self.device), inputs.query_mask.to(self.device)),
+            (inputs.doc_ids.to(self.device), inputs.doc_mask.to(self.device)),
             self.dist, dual_weight if batch.dual_allowed is not None else 0.0,
             functools.partial(autocast_context, cfg.training.mixed_precision, self.device),
             cfg.training.grad_cache_chunk)
@@ -340,7 +394,9 @@ class Trainer:
                                  "rank 0's", self.dist.rank, self.dist.world_size)
             restore_rng(rng)
 
-    def _checkpoint(self, step: int) -> None:
+    def _checkpoint(self, step: int, lookahead: PlannedBatch | None = None) -> None:
+        """Save (then publish in the background) the weights and the training state after
+        ``step``; ``lookahead``: the batch of step + 1, already built (.prefetch)."""
         self.record.checkpoints.append(step)
         feed = self.feed
         state = TrainingState(
@@ -351,7 +407,8 @@ class Trainer:
                 ann=None if feed.ann is None else feed.ann.step,
                 dual=None if feed.dual is None else feed.dual.step,
                 bm25=feed.bm25 is not None, in_use=self.in_use_step),
-            record=asdict(self.record))
+            record=asdict(self.record),
+            lookahead=None if lookahead is None else lookahead.state_dict())
         directory = self.publisher.save(step, self.model, self.tokenizer, state)
         self.publisher.publish_async(step, directory).add_done_callback(
             functools.partial(self._published, step))
@@ -378,6 +435,8 @@ class Trainer:
             "resumed_from": rec.resumed_from,
             "step_seconds": rec.step_seconds,
             "negatives_ms": rec.negatives_ms,
+            "prepare_ms": rec.prepare_ms,
+            "prepare_wait_ms": rec.prepare_wait_ms,
             "wait_before_first_s": rec.wait_before_first_s,
             # Everything the loop spent obtaining negatives once the first table was in use:
             # the feed never blocks, so this is only sampling time (ANCE Table 5: 72 ms/batch).
@@ -388,6 +447,14 @@ class Trainer:
         rec = self.record
         first = next((i for i, s in enumerate(rec.negatives_steps) if s is not None), None)
         return 0.0 if first is None else sum(rec.negatives_ms[first:]) / 1000
+
+
+@dataclass
+class _Next:
+    """What rank 0 sends the other ranks before each step: go on, and the batch of the step
+    after this one (None: this step is the last)."""
+
+    batch: PlannedBatch | None
 
 
 # Rank 0 may wait long for the first negatives, or save a checkpoint, while the other ranks

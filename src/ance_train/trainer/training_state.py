@@ -3,7 +3,8 @@
 ``training_state.safetensors`` holds the tensors (AdamW moments, torch / CUDA RNG states),
 ``training_state.json`` the rest: step, optimizer hyper-parameters, LR scheduler, Python and
 NumPy RNG states, the batch sampler's position, the negatives tables in use and the summary
-records so far. Neither file is a pickle (see :mod:`ance_train.trainer.tensor_state`).
+records so far, and the batch built ahead for the next step (:mod:`.prefetch`). Neither file
+is a pickle (see :mod:`ance_train.trainer.tensor_state`).
 """
 
 from __future__ import annotations
@@ -43,12 +44,17 @@ class TrainingState:
     batches: dict[str, Any]
     negatives: NegativesInUse = field(default_factory=NegativesInUse)
     record: dict[str, Any] = field(default_factory=dict)
+    # The batch of step ``step + 1``, built before step ``step`` trained (one-batch lookahead,
+    # :mod:`.prefetch`): ``batches`` is the sampler's position after it. None: none was built
+    # (checkpoint 0, the last step, or a checkpoint written before the lookahead existed).
+    lookahead: dict[str, Any] | None = None
 
     def save(self, directory: Path) -> None:
         """Write the two state files into a checkpoint directory."""
         body = {"version": FORMAT_VERSION, "step": self.step, "optimizer": self.optimizer,
                 "scheduler": self.scheduler, "rng": self.rng, "batches": self.batches,
-                "negatives": vars(self.negatives), "record": self.record}
+                "negatives": vars(self.negatives), "record": self.record,
+                "lookahead": self.lookahead}
         save_state(body, directory / STATE_JSON, directory / STATE_TENSORS)
 
     @classmethod
@@ -61,7 +67,8 @@ class TrainingState:
             raise StateFormatError(f"{directory / STATE_JSON}: unknown training state format")
         return cls(step=int(body["step"]), optimizer=body["optimizer"],
                    scheduler=body["scheduler"], rng=body["rng"], batches=body["batches"],
-                   negatives=NegativesInUse(**body["negatives"]), record=body["record"])
+                   negatives=NegativesInUse(**body["negatives"]), record=body["record"],
+                   lookahead=body.get("lookahead"))
 
 
 def capture_rng() -> dict[str, Any]:
