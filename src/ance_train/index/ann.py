@@ -25,6 +25,7 @@ import numpy as np
 
 from ance_train.config import IndexConfig
 from ance_train.index.capacity import MIN_POINTS_PER_LIST, ivf_lists, ivf_train_size, pq_m
+from ance_train.index.merge import canonical_order
 
 log = logging.getLogger(__name__)
 
@@ -223,25 +224,45 @@ class AnnIndex:
                cancel: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` document indices and scores per query (``-1`` where fewer exist), in
         batches of ``batch_size`` queries. ``cancel`` is called before each batch and may
-        raise to abandon the search (the indexer's supersession check)."""
+        raise to abandon the search (the indexer's supersession check).
+
+        Each row is in :func:`canonical_order`, and where documents tie in score across the
+        cut-off at ``k`` the lowest document indices are kept: FAISS keeps an arbitrary
+        subset of such a tie, so the batch is searched one deeper, and deeper again (the
+        same queries together, so their scores are the same bits) while a tie crosses the
+        cut. Then merged partitions rank exactly as one flat index does (index/merge.py).
+        """
         assert self._search_index is not None, "finalize() the index before searching"
         k = min(k, len(self))
         all_ids = np.full((len(queries), k), -1, dtype=np.int64)
         all_scores = np.zeros((len(queries), k), dtype=np.float32)
         if k == 0:
             return all_ids, all_scores
-        params = None
-        if self.config.type == "hnsw":  # per call: concurrent searches may differ in k
-            params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw.ef_search, k))
         for start in range(0, len(queries), batch_size):
             if cancel is not None:
                 cancel()
             chunk = self._prepared(queries[start : start + batch_size])
-            scores, rows = self._search_index.search(chunk, k, params=params)
-            ids = np.where(rows >= 0, self._row_to_doc[np.maximum(rows, 0)], -1)
-            all_ids[start : start + len(chunk)] = ids
-            all_scores[start : start + len(chunk)] = scores
+            depth = min(k + 1, len(self))
+            while True:
+                ids, scores = canonical_order(*self._search_rows(chunk, depth))
+                if depth == k or depth == len(self):
+                    break
+                crossing = (ids[:, depth - 1] >= 0) & (scores[:, depth - 1] == scores[:, k - 1])
+                if not crossing.any():
+                    break
+                depth = min(2 * depth, len(self))
+            all_ids[start : start + len(chunk)] = ids[:, :k]
+            all_scores[start : start + len(chunk)] = scores[:, :k]
         return all_ids, all_scores
+
+    def _search_rows(self, chunk: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """One FAISS search: document indices (``-1`` for none) and scores."""
+        assert self._search_index is not None
+        params = None
+        if self.config.type == "hnsw":  # per call: concurrent searches may differ in k
+            params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw.ef_search, depth))
+        scores, rows = self._search_index.search(chunk, depth, params=params)
+        return np.where(rows >= 0, self._row_to_doc[np.maximum(rows, 0)], -1), scores
 
     def nbytes(self) -> int:
         """Size of the FAISS index as serialised (≈ its memory; a measurement, not a model)."""
