@@ -46,7 +46,7 @@ from ance_train.negatives.mining import Miner, positives_of
 from ance_train.negatives.strategies.bm25 import bm25_negatives
 from ance_train.negatives.table import NegativesTable
 from ance_train.observability.telemetry import IndexerTelemetry
-from ance_train.observability.tracking import flatten, open_tracking
+from ance_train.observability.tracking import Tracking, flatten, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.events import (
@@ -116,7 +116,9 @@ class Indexer:
                                     directory)
         self._last_poll = 0.0
         self.telemetry = IndexerTelemetry(ctx.reporter)
-        self.tracking = open_tracking(cfg, "indexer", ctx.store, ctx.work_dir)
+        # Partition 0 reports the refreshes; the other partitions have no scalars to track.
+        self.tracking = (open_tracking(cfg, "indexer", ctx.store, ctx.work_dir)
+                         if self.coordinator else Tracking([]))
         self.work_queue = WorkQueue(ctx.bus, ctx.config.inference.claim_timeout_s)
 
     # -- event handling ---------------------------------------------------------------------
