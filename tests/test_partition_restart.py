@@ -1,12 +1,14 @@
-"""Fault: index partition 1 of 2 is SIGKILLed while building checkpoint 0; restarted (as
-Kubernetes restarts a StatefulSet pod, same name and ordinal), it rebuilds its part from the
-stored shards and the refresh is announced once.
+"""Faults of index partitions, restarted as Kubernetes restarts a StatefulSet pod (same name
+and ordinal): partition 1 of 2 SIGKILLed while building checkpoint 0 rebuilds its part from
+the stored shards; partition 0 SIGKILLed while evaluating the merged lists redoes the merge.
+Either way the refresh is announced once.
 
 Trainer, inferencer and both partitions run as OS processes (real Redis, local store). The
 trainer waits for its first negatives, so the refresh of checkpoint 0 is what everything
-hangs on. The window is wide by workload, not by a test hook: the whole SciFact corpus in an
-HNSW index with a wide build beam takes each partition seconds to build, and the kill lands
-while partition 1's gRPC Status reports that phase.
+hangs on. The windows are wide by workload, not by a test hook: the whole SciFact corpus in
+an HNSW index with a wide build beam takes each partition seconds to build, and an
+evaluation depth covering the corpus takes partition 0 seconds to evaluate; each kill lands
+while the partition's gRPC Status reports that phase.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from service_harness import Harness, checkpoint_steps, stop, wait_until
 pytestmark = pytest.mark.fault
 
 PARTITION = {"ANCE_INDEX_PARTITION": "1"}
+COORDINATOR = {"ANCE_INDEX_PARTITION": "0"}
 
 
 def _phase(bus: EventBus, instance: str) -> str:
@@ -66,7 +69,7 @@ def test_partition_killed_mid_build_rebuilds_and_refresh_is_announced_once(
     bus = EventBus(connect(redis_server.url), harness.config.run_id)
     store = harness.store
     first = harness.spawn("indexer", "indexer-1", PARTITION)
-    processes = [harness.spawn("indexer", "indexer-0", {"ANCE_INDEX_PARTITION": "0"}), first,
+    processes = [harness.spawn("indexer", "indexer-0", COORDINATOR), first,
                  harness.spawn("inferencer", "inferencer"), harness.spawn("trainer", "trainer")]
     try:
         wait_until(lambda: _phase(bus, "indexer-1") == "building index 0", 300,
@@ -113,3 +116,59 @@ def test_partition_killed_mid_build_rebuilds_and_refresh_is_announced_once(
                  "partition 0 merged and announced the refresh once; the trainer swapped to it",
                  recovery_s, lost="partition 1's interrupted build (redone); no shard "
                  "re-encoded", test="tests/test_partition_restart.py")
+
+
+def test_partition_zero_killed_mid_merge_redoes_it_and_announces_once(
+        tmp_path: Path, redis_server, tiny_model) -> None:
+    harness = Harness.prepare(
+        tmp_path, redis_server.url, run_id="merge-restart",
+        data={"path": str(scifact_dir()), "dev_fraction": 0.2},
+        model={"path": str(tiny_model), "max_query_length": 16, "max_doc_length": 48},
+        training={"steps": 4, "batch_size": 8, "refresh_every": 100, "torch_threads": 1},
+        negatives={"pool": "ann", "per_query": 2, "warmup": "none", "top_k": 30},
+        inference={"shard_size": 1000, "claim_timeout_s": 10, "torch_threads": 1},
+        index={"eval_depth": 6000, "partitions": 2},
+    )
+    bus = EventBus(connect(redis_server.url), harness.config.run_id)
+    store = harness.store
+    first = harness.spawn("indexer", "indexer-0", COORDINATOR)
+    processes = [first, harness.spawn("indexer", "indexer-1", PARTITION),
+                 harness.spawn("inferencer", "inferencer"), harness.spawn("trainer", "trainer")]
+    try:
+        wait_until(lambda: _phase(bus, "indexer-0") == "evaluating 0", 300,
+                   "partition 0 never reached the evaluation of checkpoint 0", interval_s=0.05)
+        first.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        first.wait()
+        # Really mid-merge: both lists stored, negatives written, nothing announced.
+        assert _searched(bus) == [(0, 0), (0, 1)]
+        assert store.exists(keys.partial_results(0, 0, 2))
+        assert checkpoint_steps(bus, NegativesReady) == []
+        assert checkpoint_steps(bus, EvalCompleted) == []
+
+        second = harness.spawn("indexer", "indexer-0", COORDINATOR)
+        processes.append(second)
+        wait_until(lambda: 0 in checkpoint_steps(bus, EvalCompleted), 300,
+                   "the restarted partition 0 never announced checkpoint 0")
+        recovery_s = time.monotonic() - killed_at
+        assert processes[3].wait(timeout=300) == 0, harness.log("trainer")[-3000:]
+    finally:
+        for process in processes:
+            stop(process)
+
+    log = harness.log("indexer-0")
+    assert "partition 0 of 2: last searched checkpoint 0" in log, log[-3000:]
+    assert log.count("checkpoint 0: partition 0 of 2 searched") == 1, "lists were not rebuilt"
+    assert _searched(bus) == [(0, 0), (0, 1)]
+    assert checkpoint_steps(bus, NegativesReady).count(0) == 1
+    assert checkpoint_steps(bus, EvalCompleted).count(0) == 1
+    pending = bus.client.xpending(bus.stream(PartitionSearched), "indexer-0")["pending"]
+    assert pending == 0, "partition.searched entries left pending by the killed partition 0"
+    summary = store.get_json(keys.TRAINER_SUMMARY)
+    assert summary["swaps"][0] == {"step": 1, "negatives_step": 0}, summary["swaps"]
+    record_fault("index partition 0 killed", "SIGKILL of partition 0 of 2 while evaluating "
+                 "the merged lists of checkpoint 0 (negatives written, not announced)",
+                 "restarted partition 0 merged the stored lists again and announced the "
+                 "refresh once; the trainer swapped to it", recovery_s,
+                 lost="the interrupted merge (redone); no list rebuilt, no shard re-encoded",
+                 test="tests/test_partition_restart.py")
