@@ -178,3 +178,63 @@ def test_merged_view_answers_as_one_flat_index(tmp_path: Path) -> None:
         want = one.search(queries, k, batch_size=25)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_search_fans_out_over_grpc_and_refuses_mixed_checkpoints(
+        tmp_path: Path, redis_server, scifact_subset) -> None:
+    """Two partitions' Search servers (real gRPC on loopback, addresses in real Redis): a
+    call to either merges both parts into one flat index's answer; partitions on different
+    checkpoints, or one not registered, give UNAVAILABLE rather than a mixed answer."""
+    import grpc
+
+    from ance_train.config import DataConfig
+    from ance_train.data.corpus import open_corpus
+    from ance_train.data.validation import validate_dataset
+    from ance_train.indexer.search_service import PartitionDirectory, SearchService, ServedIndex
+    from ance_train.infra.bus import EventBus, connect
+    from ance_train.infra.rpc import GrpcServer, ServiceState, search
+
+    data = DataConfig(path=str(scifact_subset))
+    dataset = validate_dataset(data, tmp_path / "cache", seed=0)
+    corpus = open_corpus(data, tmp_path / "cache")
+    docs = dataset.num_docs
+    vectors = np.random.default_rng(3).standard_normal((docs, DIM)).astype(np.float32)
+    plan = _plan(docs, 40)
+    bus = EventBus(connect(redis_server.url), "fan-out")
+    services, servers = [], []
+    for partition in range(2):
+        owned = np.concatenate([np.arange(*plan.corpus_ranges[s])
+                                for s in plan.owned_shards(partition, 2)])
+        # No model: these searches give embeddings, so no checkpoint is loaded.
+        service = SearchService(corpus, None,  # type: ignore[arg-type]
+                                directory=PartitionDirectory(bus, partition, 2))
+        service.serve(ServedIndex(5, _index(vectors, owned)))
+        server = GrpcServer(ServiceState("indexer", "fan-out", f"indexer-{partition}"),
+                            add_servicers=service.add_to_server).start()
+        bus.client.set(bus.key(keys.index_partition_address(partition)), server.address)
+        services.append(service)
+        servers.append(server)
+    try:
+        queries = np.random.default_rng(4).standard_normal((3, DIM)).astype(np.float32)
+        want_ids, want_scores = _index(vectors, np.arange(docs)).search(queries, 50)
+        for server in servers:
+            reply = search(server.address, embeddings=queries.tolist(), k=50)
+            assert reply.index_step == 5
+            assert [[h.doc_id for h in r.hits] for r in reply.results] == [
+                [corpus.doc_id(int(d)) for d in row] for row in want_ids]
+            np.testing.assert_array_equal([[h.score for h in r.hits] for r in reply.results],
+                                          want_scores)
+        services[1].serve(ServedIndex(6, services[1].served.index))
+        with pytest.raises(grpc.RpcError) as mixed:
+            search(servers[0].address, embeddings=queries.tolist(), k=5)
+        assert mixed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "checkpoints [5, 6]" in mixed.value.details()
+        bus.client.delete(bus.key(keys.index_partition_address(0)))
+        with pytest.raises(grpc.RpcError) as missing:
+            search(servers[1].address, embeddings=queries.tolist(), k=5)
+        assert missing.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "partitions [0] are not registered" in missing.value.details()
+    finally:
+        for server in servers:
+            server.stop()
+        corpus.close()
