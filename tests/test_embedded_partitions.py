@@ -34,6 +34,9 @@ def test_embedded_run_with_two_index_partitions(tmp_path: Path, scifact_subset,
             assert f"checkpoint {step}: partition {partition} of 2 searched" in log
         assert f"checkpoint {step} indexed" in logs[0]
         assert f"checkpoint {step} indexed" not in logs[1]
+        # ANCE mines from the merged lists and the positives' vectors the partitions sent:
+        # partition 0 reads no corpus shard back.
+        assert f"checkpoint {step}: merged 2 partitions' lists (0 corpus shards read" in logs[0]
     # The 300 documents are cut into 3 shards: partition 0 owns shards 0 and 2, partition 1
     # shard 1 (protocol/work.py, partition_of: shard mod partitions).
     assert "(200 documents" in logs[0] and "(100 documents" in logs[1]

@@ -129,14 +129,20 @@ def test_partials_round_trip() -> None:
                             np.array([[0.5, 0.0], [0.25, 0.125]], np.float32)),
               "dev": TopK(np.array(["q9"]), np.array([[7, 8]]),
                           np.array([[1.0, 0.5]], np.float32))}
-    back = unpack_partials(pack_partials(groups))
-    assert sorted(back) == ["dev", "train"]
+    doc_vectors = np.arange(6, dtype=np.float32).reshape(2, 3)
+    back = unpack_partials(pack_partials(groups, np.array([9, 4]), doc_vectors))
+    assert sorted(back.groups) == ["dev", "train"]
     for name, group in groups.items():
-        assert back[name].query_ids.tolist() == group.query_ids.tolist()
-        np.testing.assert_array_equal(back[name].ids, group.ids)
-        np.testing.assert_array_equal(back[name].scores, group.scores)
+        assert back.groups[name].query_ids.tolist() == group.query_ids.tolist()
+        np.testing.assert_array_equal(back.groups[name].ids, group.ids)
+        np.testing.assert_array_equal(back.groups[name].scores, group.scores)
+    assert back.doc_ids.tolist() == [9, 4]
+    np.testing.assert_array_equal(back.doc_vectors, doc_vectors)
+    assert len(unpack_partials(pack_partials(groups)).doc_ids) == 0
     with pytest.raises(ValueError):
         TopK(np.array(["q"]), np.zeros((1, 2), np.int64), np.zeros((1, 3), np.float32))
+    with pytest.raises(ValueError, match="reserved"):
+        pack_partials({"_vectors": groups["dev"]})
 
 
 def test_partition_searched_rejects_a_partition_out_of_range() -> None:
@@ -173,6 +179,14 @@ def test_merged_view_answers_as_one_flat_index(tmp_path: Path) -> None:
     docs = np.array([[499, 0, 250], [5, 305, 101]])
     np.testing.assert_array_equal(view.vectors(docs), one.vectors(docs))
     np.testing.assert_array_equal(view.scores(queries[:2], docs), one.scores(queries[:2], docs))
+    assert view.shards_read >= 5  # the five shards these documents lie in (LRU of two)
+    # Vectors the partitions sent are used as they are; only the others are read back.
+    sent = np.array([250, 0, 499])
+    known = MergedIndex(store, plan, DIM, known=(sent, one.vectors(sent) + 1.0))
+    np.testing.assert_array_equal(known.vectors(docs[0]), one.vectors(docs[0]) + 1.0)
+    assert known.shards_read == 0
+    np.testing.assert_array_equal(known.vectors(docs[1]), one.vectors(docs[1]))
+    assert known.shards_read == 3
     for k in (7, 30):
         got = view.search(queries, k, batch_size=25)
         want = one.search(queries, k, batch_size=25)

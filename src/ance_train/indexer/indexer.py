@@ -100,6 +100,11 @@ class Indexer:
         self.last_built: int | None = None
         self.abandoned: set[int] = set()  # checkpoints with a shard.failed item
         self.train_ids = sorted(ctx.dataset.train)
+        # The training positives: each partition sends the vectors of those it owns with its
+        # lists (the anchors and DANCE's documents the merge mines with).
+        self.positive_docs = np.array(sorted({d for q in self.train_ids
+                                              for d in ctx.dataset.positives(q)}),
+                                      dtype=np.int64)
         cfg = ctx.config
         self.miner = Miner(cfg.negatives, cfg.model.temperature, ctx.dataset, self.train_ids,
                            cfg.training.seed)
@@ -378,8 +383,10 @@ class Indexer:
         ctx.state.update(phase=f"searching {step}")
         started = time.monotonic()
         groups = self.search_groups(index, queries, cancel)
+        positives = self.positive_docs[
+            plan.shard_of_doc(self.positive_docs) % self.partitions == self.partition]
         key = keys.partial_results(step, self.partition, self.partitions)
-        ctx.store.put_bytes(key, pack_partials(groups))
+        ctx.store.put_bytes(key, pack_partials(groups, positives, index.vectors(positives)))
         search_s = time.monotonic() - started
         self.search.serve(ServedIndex(step, index))
         self.last_searched = step
@@ -429,17 +436,20 @@ class Indexer:
             key = keys.partial_results(step, partition, self.partitions)
             parts.append(unpack_partials(ctx.store.get_bytes(key)))
         merged: dict[str, TopK] = {}
-        for name, first in parts[0].items():
+        for name, first in parts[0].groups.items():
             for partition, part in enumerate(parts):
-                if name not in part or not np.array_equal(part[name].query_ids,
-                                                          first.query_ids):
+                if name not in part.groups or not np.array_equal(part.groups[name].query_ids,
+                                                                 first.query_ids):
                     raise ValueError(f"checkpoint {step}: partition {partition}'s lists of "
                                      f"{name!r} are not of the queries of partition 0's")
             depth = self.train_depth() if name == "train" else cfg.index.eval_depth
             merged[name] = TopK(first.query_ids, *merge_topk(
-                [(part[name].ids, part[name].scores) for part in parts], depth))
+                [(part.groups[name].ids, part.groups[name].scores) for part in parts], depth))
         queries = self._load_queries(step, plan)
-        view = MergedIndex(ctx.store, plan, queries.vectors.shape[1])
+        dim = queries.vectors.shape[1]
+        known = (np.concatenate([part.doc_ids for part in parts]),
+                 np.concatenate([part.doc_vectors.reshape(-1, dim) for part in parts]))
+        view = MergedIndex(ctx.store, plan, dim, known=known)
         merge_s = time.monotonic() - started
 
         ctx.state.update(phase=f"mining {step}")
@@ -455,6 +465,8 @@ class Indexer:
         timings = {"build_s": max(e.build_s for e in events),
                    "search_s": max(e.search_s for e in events),
                    "merge_s": merge_s, "mine_s": mine_s, "eval_s": eval_s}
+        ctx.log.info("checkpoint %d: merged %d partitions' lists (%d corpus shards read back "
+                     "for vectors)", step, self.partitions, view.shards_read)
         self._announce(step, table, dual, diagnostics, metrics, timings)
         for old in [s for s in self.searched if s <= step]:
             self.searched.pop(old, None)

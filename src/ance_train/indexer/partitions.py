@@ -55,8 +55,10 @@ class MergedIndex:
     """What the mining code asks of an index (``dim``, ``vectors``, ``scores``, ``search``),
     answered without any one process holding the whole index.
 
-    ``vectors`` reads the documents' embeddings from the stored corpus shards (the vectors a
-    flat index holds; with ``ivfpq`` one index would return PQ reconstructions instead).
+    ``vectors`` takes the vectors the partitions sent with their lists (``known``: the
+    training positives, as each partition's index holds them) and reads any other
+    document's embedding back from the stored corpus shards (the vectors a flat index holds;
+    an ``ivfpq`` index would return PQ reconstructions).
     ``search`` is needed only by ANCE-Tele's lookahead (neighbours of the positive documents);
     it is an exact scan of the stored shards, merged as partitions merge, so for a flat index
     it equals one index's search and for approximate types it is exact rather than
@@ -64,12 +66,20 @@ class MergedIndex:
     """
 
     def __init__(self, store: ObjectStore, plan: RefreshPlan, dim: int,
-                 cache_shards: int = 4) -> None:
+                 cache_shards: int = 4, known: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> None:
         self.store = store
         self.plan = plan
         self.dim = dim
         self.cache_shards = max(1, cache_shards)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        # Vectors the partitions sent with their lists (the training positives), by document.
+        ids, vectors = known if known is not None else (np.zeros(0, np.int64), None)
+        order = np.argsort(ids, kind="stable")
+        self._known_ids = np.asarray(ids, dtype=np.int64)[order]
+        self._known_vectors = (np.zeros((0, dim), np.float32) if vectors is None
+                               else np.asarray(vectors, np.float32).reshape(-1, dim)[order])
+        self.shards_read = 0  # corpus shards read back from the store (a measurement)
 
     def __len__(self) -> int:
         return self.plan.num_docs
@@ -80,6 +90,7 @@ class MergedIndex:
             return self._cache[shard]
         work = self.plan.work(ShardKind.CORPUS)[shard]
         ids, vectors = unpack_embeddings(self.store.get_bytes(work.key))
+        self.shards_read += 1
         if vectors.shape[1] != self.dim:
             raise ValueError(f"{work.key}: dimension {vectors.shape[1]}, expected {self.dim}")
         entry = (np.asarray(ids, dtype=np.int64), np.ascontiguousarray(vectors, np.float32))
@@ -92,9 +103,16 @@ class MergedIndex:
         """The stored embeddings of ``doc_ids`` (document indices, any shape)."""
         flat = np.asarray(doc_ids, dtype=np.int64).ravel()
         out = np.zeros((len(flat), self.dim), dtype=np.float32)
-        shards = self.plan.shard_of_doc(flat)
+        if len(self._known_ids):
+            pos = np.minimum(np.searchsorted(self._known_ids, flat), len(self._known_ids) - 1)
+            known = self._known_ids[pos] == flat
+            out[known] = self._known_vectors[pos[known]]
+        else:
+            known = np.zeros(len(flat), dtype=bool)
+        rest = np.flatnonzero(~known)
+        shards = self.plan.shard_of_doc(flat[rest])
         for shard in np.unique(shards):
-            wanted = np.flatnonzero(shards == shard)
+            wanted = rest[shards == shard]
             ids, vectors = self._shard(int(shard))
             # Shards are stored in corpus order; look rows up by id all the same.
             order = np.argsort(ids, kind="stable")
