@@ -109,6 +109,9 @@ def test_short_lists_pad_the_merge_to_what_exists() -> None:
     again_ids, again_scores = merge_topk([*lists, empty], 25)
     np.testing.assert_array_equal(again_ids, ids)
     np.testing.assert_array_equal(again_scores, scores)
+    # A partition that owns no shard (more partitions than shards) has empty lists.
+    none = (np.zeros((60, 0), np.int64), np.zeros((60, 0), np.float32))
+    np.testing.assert_array_equal(merge_topk([*lists, none], 25)[0], ids)
     # Fewer documents than k in all: the row ends with -1 and score 0.
     few = merge_topk([(np.array([[3, -1]]), np.array([[0.5, -3e38]], np.float32)),
                       (np.array([[8, -1]]), np.array([[0.7, -3e38]], np.float32))], 3)
@@ -204,7 +207,12 @@ def test_search_fans_out_over_grpc_and_refuses_mixed_checkpoints(
     from ance_train.config import DataConfig
     from ance_train.data.corpus import open_corpus
     from ance_train.data.validation import validate_dataset
-    from ance_train.indexer.search_service import PartitionDirectory, SearchService, ServedIndex
+    from ance_train.indexer.search_service import (
+        MAX_FAN_OUTS,
+        PartitionDirectory,
+        SearchService,
+        ServedIndex,
+    )
     from ance_train.infra.bus import EventBus, connect
     from ance_train.infra.rpc import GrpcServer, ServiceState, search
 
@@ -238,6 +246,14 @@ def test_search_fans_out_over_grpc_and_refuses_mixed_checkpoints(
                 [corpus.doc_id(int(d)) for d in row] for row in want_ids]
             np.testing.assert_array_equal([[h.score for h in r.hits] for r in reply.results],
                                           want_scores)
+        # Fan-outs in flight are capped (they never wait holding a gRPC worker).
+        for _ in range(MAX_FAN_OUTS):
+            services[0]._fan_outs.acquire()
+        with pytest.raises(grpc.RpcError) as busy:
+            search(servers[0].address, embeddings=queries.tolist(), k=5)
+        assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        for _ in range(MAX_FAN_OUTS):
+            services[0]._fan_outs.release()
         services[1].serve(ServedIndex(6, services[1].served.index))
         with pytest.raises(grpc.RpcError) as mixed:
             search(servers[0].address, embeddings=queries.tolist(), k=5)

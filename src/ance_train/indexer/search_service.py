@@ -10,7 +10,8 @@ Search (marked :data:`PARTITION_LOCAL` in the call's metadata, so the callee sea
 its own part and answers with document indices) and merges the lists exactly as the refresh
 merges them (:func:`ance_train.index.merge.merge_topk`). All partitions must answer from the
 same checkpoint; while a refresh switches them over, the call fails with ``UNAVAILABLE``
-and may be retried.
+and may be retried. A partition runs at most :data:`MAX_FAN_OUTS` fan-outs at once (more
+get ``RESOURCE_EXHAUSTED``), so partitions calling each other never wait on each other.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ MAX_QUERIES = 1024
 PARTITION_LOCAL = ("ance-partition-local", "1")
 FAN_OUT_TIMEOUT_S = 60.0
 ADDRESS_TTL_S = 30
+# Fan-outs in flight per partition: at most half of the gRPC server's 8 worker threads, so
+# that the partition-local calls of other partitions' fan-outs always find a free worker (two
+# partitions each filling every worker with fan-outs to the other would wait on each other).
+MAX_FAN_OUTS = 4
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,7 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
         self.served: ServedIndex | None = None
         self._pool = (None if directory is None
                       else ThreadPoolExecutor(max(1, directory.partitions - 1)))
+        self._fan_outs = threading.BoundedSemaphore(MAX_FAN_OUTS)
 
     def serve(self, served: ServedIndex) -> None:
         self.served = served  # one reference swap: searches in flight keep the old index
@@ -134,8 +140,14 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
         local = PARTITION_LOCAL in tuple(context.invocation_metadata() or ())
         ranked, scores = served.index.search(vectors, request.k)
         if self.directory is not None and not local:
-            ranked, scores = self._fan_out(served.step, vectors, request.k, ranked, scores,
-                                           context)
+            if not self._fan_outs.acquire(blocking=False):  # never wait holding a worker
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{MAX_FAN_OUTS} searches in flight at this partition, retry")
+            try:
+                ranked, scores = self._fan_out(served.step, vectors, request.k, ranked,
+                                               scores, context)
+            finally:
+                self._fan_outs.release()
         results = [
             ance_pb2.Hits(hits=[
                 ance_pb2.Hit(doc_id=str(int(d)) if local else self.corpus.doc_id(int(d)),
