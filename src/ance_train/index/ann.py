@@ -30,6 +30,7 @@ from ance_train.index.merge import canonical_order
 log = logging.getLogger(__name__)
 
 SCORE_BLOCK_BYTES = 64 << 20  # candidate vectors gathered at once by ``AnnIndex.scores``
+GPU_MAX_K = 2048  # the deepest search FAISS runs on a GPU (the tie look-ahead stops there)
 
 
 def faiss_gpus() -> int:
@@ -179,7 +180,8 @@ class AnnIndex:
             faiss.ParameterSpace().set_index_parameter(
                 self.index, "nprobe", min(self.config.ivf.nprobe, self.index.nlist))
         self._search_index = self.index
-        if self.gpu and self.config.type != "hnsw":  # FAISS has no GPU HNSW
+        self._on_gpu = self.gpu and self.config.type != "hnsw"
+        if self._on_gpu:  # FAISS has no GPU HNSW
             self._search_index = faiss.index_cpu_to_all_gpus(self.index)
             if isinstance(self.index, faiss.IndexIVF):
                 faiss.GpuParameterSpace().set_index_parameter(
@@ -242,15 +244,16 @@ class AnnIndex:
             if cancel is not None:
                 cancel()
             chunk = self._prepared(queries[start : start + batch_size])
-            depth = min(k + 1, len(self))
+            deepest = max(k, min(len(self), GPU_MAX_K if self._on_gpu else len(self)))
+            depth = min(k + 1, deepest)
             while True:
                 ids, scores = canonical_order(*self._search_rows(chunk, depth))
-                if depth == k or depth == len(self):
+                if depth in (k, deepest):
                     break
                 crossing = (ids[:, depth - 1] >= 0) & (scores[:, depth - 1] == scores[:, k - 1])
                 if not crossing.any():
                     break
-                depth = min(2 * depth, len(self))
+                depth = min(2 * depth, deepest)
             all_ids[start : start + len(chunk)] = ids[:, :k]
             all_scores[start : start + len(chunk)] = scores[:, :k]
         return all_ids, all_scores
