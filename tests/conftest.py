@@ -35,8 +35,10 @@ from servers import moto_server, use_worker_port_range
 FAULT_MODULES = ("test_duplicate_events.py", "test_fault_corrupt_checkpoint.py",
                  "test_fault_corrupt_shard.py", "test_fault_redis_restart.py",
                  "test_fault_store_outage.py", "test_indexer_restart.py",
+                 "test_partition_restart.py",
                  "test_shard_reclaim.py", "test_trainer_restart.py")
-SHARED_RUN_MODULES = ("test_e2e.py", "test_kube_status.py", "test_distributed.py")
+SHARED_RUN_MODULES = ("test_e2e.py", "test_kube_status.py", "test_distributed.py",
+                      "test_index_partitions.py")
 WORK_UNITS = {**dict.fromkeys(FAULT_MODULES, "fault"),
               **{name: name for name in SHARED_RUN_MODULES}}
 # Slow single tests are handed out first (after the larger units), so that a run ends on short
@@ -44,7 +46,7 @@ WORK_UNITS = {**dict.fromkeys(FAULT_MODULES, "fault"),
 SLOW_FIRST_MODULES = ("test_strategies_e2e.py", "test_bench_quality.py", "test_launcher.py",
                       "test_scale_replicas.py", "test_zero_shot_refresh.py", "test_prepare.py",
                       "test_trainer_ranks.py", "test_api.py", "test_export.py",
-                      "test_s3_corpus_e2e.py")
+                      "test_s3_corpus_e2e.py", "test_embedded_partitions.py")
 
 
 def _module(nodeid: str) -> str:

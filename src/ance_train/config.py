@@ -500,6 +500,12 @@ class IndexConfig(_Strict):
     ivf: IvfConfig = Field(default_factory=IvfConfig)
     pq: PqConfig = Field(default_factory=PqConfig)
     hnsw: HnswConfig = Field(default_factory=HnswConfig)
+    partitions: int = Field(
+        1, ge=1, le=1024,
+        description="Indexer processes, each building the index of a fixed part of the corpus "
+                    "(corpus shard s belongs to partition s mod partitions) and searching "
+                    "every query; partition 0 merges their top-K lists, mines, evaluates and "
+                    "announces the refresh. A flat index gives exactly the result of one.")
 
     @model_validator(mode="after")
     def _settings_match_type(self) -> IndexConfig:

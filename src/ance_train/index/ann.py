@@ -31,10 +31,12 @@ from ance_train.index.capacity import (
     ivf_train_size,
     pq_m,
 )
+from ance_train.index.merge import canonical_order
 
 log = logging.getLogger(__name__)
 
 SCORE_BLOCK_BYTES = 64 << 20  # candidate vectors gathered at once by ``AnnIndex.scores``
+GPU_MAX_K = 2048  # the deepest search FAISS runs on a GPU (the tie look-ahead stops there)
 
 
 def faiss_gpus() -> int:
@@ -196,7 +198,8 @@ class AnnIndex:
             faiss.ParameterSpace().set_index_parameter(
                 self.index, "nprobe", min(self.config.ivf.nprobe, self.index.nlist))
         self._search_index = self.index
-        if self.gpu and not self.cpu_only:  # FAISS has no GPU HNSW
+        self._on_gpu = self.gpu and not self.cpu_only
+        if self._on_gpu:  # FAISS has no GPU HNSW (as the index or the IVF quantizer)
             self._search_index = faiss.index_cpu_to_all_gpus(self.index)
             if isinstance(self.index, faiss.IndexIVF):
                 faiss.GpuParameterSpace().set_index_parameter(
@@ -241,25 +244,46 @@ class AnnIndex:
                cancel: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` document indices and scores per query (``-1`` where fewer exist), in
         batches of ``batch_size`` queries. ``cancel`` is called before each batch and may
-        raise to abandon the search (the indexer's supersession check)."""
+        raise to abandon the search (the indexer's supersession check).
+
+        Each row is in :func:`canonical_order`, and where documents tie in score across the
+        cut-off at ``k`` the lowest document indices are kept: FAISS keeps an arbitrary
+        subset of such a tie, so the batch is searched one deeper, and deeper again (the
+        same queries together, so their scores are the same bits) while a tie crosses the
+        cut. Then merged partitions rank exactly as one flat index does (index/merge.py).
+        """
         assert self._search_index is not None, "finalize() the index before searching"
         k = min(k, len(self))
         all_ids = np.full((len(queries), k), -1, dtype=np.int64)
         all_scores = np.zeros((len(queries), k), dtype=np.float32)
         if k == 0:
             return all_ids, all_scores
-        params = None
-        if self.config.type == "hnsw":  # per call: concurrent searches may differ in k
-            params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw.ef_search, k))
         for start in range(0, len(queries), batch_size):
             if cancel is not None:
                 cancel()
             chunk = self._prepared(queries[start : start + batch_size])
-            scores, rows = self._search_index.search(chunk, k, params=params)
-            ids = np.where(rows >= 0, self._row_to_doc[np.maximum(rows, 0)], -1)
-            all_ids[start : start + len(chunk)] = ids
-            all_scores[start : start + len(chunk)] = scores
+            deepest = max(k, min(len(self), GPU_MAX_K if self._on_gpu else len(self)))
+            depth = min(k + 1, deepest)
+            while True:
+                ids, scores = canonical_order(*self._search_rows(chunk, depth))
+                if depth in (k, deepest):
+                    break
+                crossing = (ids[:, depth - 1] >= 0) & (scores[:, depth - 1] == scores[:, k - 1])
+                if not crossing.any():
+                    break
+                depth = min(2 * depth, deepest)
+            all_ids[start : start + len(chunk)] = ids[:, :k]
+            all_scores[start : start + len(chunk)] = scores[:, :k]
         return all_ids, all_scores
+
+    def _search_rows(self, chunk: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """One FAISS search: document indices (``-1`` for none) and scores."""
+        assert self._search_index is not None
+        params = None
+        if self.config.type == "hnsw":  # per call: concurrent searches may differ in k
+            params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw.ef_search, depth))
+        scores, rows = self._search_index.search(chunk, depth, params=params)
+        return np.where(rows >= 0, self._row_to_doc[np.maximum(rows, 0)], -1), scores
 
     def nbytes(self) -> int:
         """Size of the FAISS index as serialised (≈ its memory; a measurement, not a model)."""

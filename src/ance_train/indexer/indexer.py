@@ -13,6 +13,15 @@ Shard events are idempotent: the set of shards received is derived from the stor
 duplicates and late shards of an old checkpoint change nothing. A shard that fails its sha256
 check is never indexed: it is deleted and queued to be encoded again, and the checkpoint
 waits for it.
+
+With ``index.partitions: P`` > 1, P indexer processes run this loop, each as one partition
+(:mod:`ance_train.indexer.partitions`): partition ``p`` waits for the corpus shards it owns
+and every query shard, builds its own index of them, searches every training and evaluation
+query and stores its local top-K lists (``partition.searched``). Partition 0 also merges: once
+the lists of every partition are stored for a checkpoint (the newest such, by the same
+supersession rule), it merges them, mines, evaluates and announces the refresh, once. Each
+partition serves Search over its own index, and fans a user's Search out to all partitions
+(:mod:`ance_train.indexer.search_service`).
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ import torch
 
 from ance_train.evaluation import evaluate
 from ance_train.index.ann import AnnIndex, use_gpu
+from ance_train.index.merge import merge_topk
 from ance_train.indexer.diagnostics import Diagnostics
-from ance_train.indexer.search_service import SearchService, ServedIndex
+from ance_train.indexer.partitions import MergedIndex, partition_number
+from ance_train.indexer.search_service import PartitionDirectory, SearchService, ServedIndex
 from ance_train.infra.bus import REDIS_UNAVAILABLE, Received, WorkQueue, entry_seconds
 from ance_train.infra.store import CorruptObject, StorageError
 from ance_train.modeling.checkpoint_cache import ModelCache
@@ -35,16 +46,18 @@ from ance_train.negatives.mining import Miner, positives_of
 from ance_train.negatives.strategies.bm25 import bm25_negatives
 from ance_train.negatives.table import NegativesTable
 from ance_train.observability.telemetry import IndexerTelemetry
-from ance_train.observability.tracking import flatten, open_tracking
+from ance_train.observability.tracking import Tracking, flatten, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.events import (
     CheckpointPublished,
     EvalCompleted,
     NegativesReady,
+    PartitionSearched,
     ShardEncoded,
     ShardFailed,
 )
+from ance_train.protocol.partials import TopK, pack_partials, unpack_partials
 from ance_train.protocol.supersession import Superseded, next_to_build, superseded
 from ance_train.protocol.tables import TableId, TableKind
 from ance_train.protocol.work import RefreshPlan, ShardKind
@@ -70,14 +83,28 @@ class ShardRequeued(Exception):
 class Indexer:
     GROUP = "indexer"
 
-    def __init__(self, ctx: ServiceContext) -> None:
+    def __init__(self, ctx: ServiceContext, partition: int | None = None) -> None:
         self.ctx = ctx
+        self.partitions = ctx.config.index.partitions
+        self.partition = (partition_number(ctx.options.instance, self.partitions)
+                          if partition is None else partition)
+        self.coordinator = self.partition == 0  # merges, mines, evaluates, announces
+        # Each partition reads every event: one consumer group per partition.
+        self.group = self.GROUP if self.partitions == 1 else f"{self.GROUP}-{self.partition}"
+        self.last_searched: int | None = None  # P > 1: this partition's newest stored lists
+        # P > 1, partition 0: checkpoint -> partition -> its partition.searched
+        self.searched: dict[int, dict[int, PartitionSearched]] = {}
         self.plans: dict[int, RefreshPlan] = {}  # published, not yet built or abandoned
         self.received: dict[int, set[str]] = {}
         self.published_at: dict[int, float] = {}  # Redis server time of checkpoint.published
         self.last_built: int | None = None
         self.abandoned: set[int] = set()  # checkpoints with a shard.failed item
         self.train_ids = sorted(ctx.dataset.train)
+        # The training positives: each partition sends the vectors of those it owns with its
+        # lists (the anchors and DANCE's documents the merge mines with).
+        self.positive_docs = np.array(sorted({d for q in self.train_ids
+                                              for d in ctx.dataset.positives(q)}),
+                                      dtype=np.int64)
         cfg = ctx.config
         self.miner = Miner(cfg.negatives, cfg.model.temperature, ctx.dataset, self.train_ids,
                            cfg.training.seed)
@@ -88,10 +115,15 @@ class Indexer:
         use_gpu(cfg.index.device)  # index.device gpu without a FAISS GPU fails at start
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints", device)
-        self.search = SearchService(ctx.corpus, self.models, ctx.config.model.max_query_length)
+        directory = (None if self.partitions == 1 else
+                     PartitionDirectory(ctx.bus, self.partition, self.partitions))
+        self.search = SearchService(ctx.corpus, self.models, ctx.config.model.max_query_length,
+                                    directory)
         self._last_poll = 0.0
         self.telemetry = IndexerTelemetry(ctx.reporter)
-        self.tracking = open_tracking(cfg, "indexer", ctx.store, ctx.work_dir)
+        # Partition 0 reports the refreshes; the other partitions have no scalars to track.
+        self.tracking = (open_tracking(cfg, "indexer", ctx.store, ctx.work_dir)
+                         if self.coordinator else Tracking([]))
         self.work_queue = WorkQueue(ctx.bus, ctx.config.inference.claim_timeout_s)
 
     # -- event handling ---------------------------------------------------------------------
@@ -110,8 +142,16 @@ class Indexer:
         self.last_built = max(built, default=None)
         latest = max(done, key=lambda e: e.step or 0, default=None)
         table = None if latest is None else latest.table(TableKind.ANN)
-        if table is not None:
+        if table is not None and self.coordinator:
             self.previous = NegativesTable.from_bytes(self.ctx.store.get_bytes(table.key))
+        if self.partitions > 1:
+            for searched in bus.history(PartitionSearched):
+                event = searched.event
+                if event.partitions != self.partitions:
+                    continue  # lists of another partitioning (index.partitions changed)
+                if event.partition == self.partition:
+                    self.last_searched = max(event.step, self.last_searched or 0)
+                self._partition_searched(event)
         for received in bus.history(CheckpointPublished):
             self._add_plan(received)
         for failed in bus.history(ShardFailed):
@@ -119,14 +159,39 @@ class Indexer:
         self.ctx.log.info("recovered: last built checkpoint %s, pending %s",
                           "none" if self.last_built is None else self.last_built,
                           sorted(self.plans))
+        if self.partitions > 1:
+            self.ctx.log.info("partition %d of %d: last searched checkpoint %s", self.partition,
+                              self.partitions,
+                              "none" if self.last_searched is None else self.last_searched)
 
     def _built(self, step: int) -> bool:
+        """Was the refresh of ``step`` (or a newer one) announced?"""
         return self.last_built is not None and step <= self.last_built
+
+    def _searched(self, step: int) -> bool:
+        """P > 1: has this partition stored its lists of ``step`` (or a newer one), or is the
+        refresh already announced?"""
+        return self._built(step) or (self.last_searched is not None
+                                     and step <= self.last_searched)
+
+    def _partition_searched(self, event: PartitionSearched) -> None:
+        """Partition 0 notes which partitions stored their lists of which checkpoint."""
+        if (self.coordinator and event.partitions == self.partitions
+                and not self._built(event.step)):
+            self.searched.setdefault(event.step, {})[event.partition] = event
+
+    def _needed(self, plan: RefreshPlan) -> set[str]:
+        """The shards this process waits for before it builds ``plan``."""
+        if self.partitions == 1:
+            return plan.expected_keys()
+        return plan.partition_keys(self.partition, self.partitions)
 
     def _add_plan(self, received: Received[CheckpointPublished]) -> None:
         step = received.event.step
         if step in self.plans or self._built(step) or step in self.abandoned:
             return  # a duplicate or stale event
+        if not self.coordinator and self._searched(step):
+            return  # this partition's part is done; partition 0 keeps plans until merged
         self.published_at[step] = entry_seconds(received.entry_id)
         self.plans[step] = received.event.plan
         # Shards already in the store count (an indexer restarted mid-refresh loses nothing).
@@ -140,31 +205,47 @@ class Indexer:
                 plan is not None and plan.expected_keys() <= self.received.get(step, set())):
             return  # built, already abandoned, or complete after all (another replica's copy)
         self.abandoned.add(step)
-        for table in (self.plans, self.received, self.published_at):
+        for table in (self.plans, self.received, self.published_at, self.searched):
             table.pop(step, None)
         self.ctx.log.error("checkpoint %d abandoned: %s was given up after %s attempts: %s",
                            step, event.key, event.attempt, event.error)
 
     def poll(self, block_ms: int) -> None:
-        bus = self.ctx.bus
-        for published in bus.consume(CheckpointPublished, self.GROUP, "indexer", block_ms=0):
+        bus, group = self.ctx.bus, self.group
+        for published in bus.consume(CheckpointPublished, group, "indexer", block_ms=0):
             self._add_plan(published)
-            bus.ack(CheckpointPublished, self.GROUP, published.entry_id)
-        for failed in bus.consume(ShardFailed, self.GROUP, "indexer", block_ms=0):
+            bus.ack(CheckpointPublished, group, published.entry_id)
+        for failed in bus.consume(ShardFailed, group, "indexer", block_ms=0):
             self._abandon(failed.event)
-            bus.ack(ShardFailed, self.GROUP, failed.entry_id)
-        for encoded in bus.consume(ShardEncoded, self.GROUP, "indexer", block_ms=block_ms,
+            bus.ack(ShardFailed, group, failed.entry_id)
+        if self.partitions > 1 and self.coordinator:
+            for searched in bus.consume(PartitionSearched, group, "indexer", block_ms=0):
+                self._partition_searched(searched.event)
+                bus.ack(PartitionSearched, group, searched.entry_id)
+        for encoded in bus.consume(ShardEncoded, group, "indexer", block_ms=block_ms,
                                    count=256):
             if not self._built(encoded.event.step):
                 self.received.setdefault(encoded.event.step, set()).add(encoded.event.key)
-            bus.ack(ShardEncoded, self.GROUP, encoded.entry_id)
+            bus.ack(ShardEncoded, group, encoded.entry_id)
         self._last_poll = time.monotonic()
 
     def newest_complete(self) -> int | None:
-        """The checkpoint to build next (see :mod:`ance_train.protocol.supersession`)."""
-        complete = {step: plan.expected_keys() <= self.received.get(step, set())
-                    for step, plan in self.plans.items()}
-        return next_to_build(complete, self.last_built)
+        """The checkpoint to build next (see :mod:`ance_train.protocol.supersession`): with
+        partitions, the newest this partition has every shard of and has not searched."""
+        if self.partitions == 1:
+            complete = {step: plan.expected_keys() <= self.received.get(step, set())
+                        for step, plan in self.plans.items()}
+            return next_to_build(complete, self.last_built)
+        complete = {step: self._needed(plan) <= self.received.get(step, set())
+                    for step, plan in self.plans.items() if not self._searched(step)}
+        return next_to_build(complete, self.last_searched)
+
+    def newest_mergeable(self) -> int | None:
+        """Partition 0: the checkpoint to merge and announce next, among those not announced,
+        by the same rule; complete = every partition's lists are stored."""
+        ready = {step: len(self.searched.get(step, {})) == self.partitions
+                 for step in self.plans if not self._built(step)}
+        return next_to_build(ready, self.last_built)
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -180,6 +261,8 @@ class Indexer:
             self.publish_bm25_negatives()
         ctx.state.update(state="idle", phase="waiting for shards",  # Status: -1 = no index
                          index_step=-1 if self.last_built is None else self.last_built)
+        if self.partitions > 1:
+            self.search.directory.start(ctx)  # where Search fans out to
         while not ctx.stop.is_set():
             try:
                 self.poll(block_ms=500)
@@ -187,29 +270,42 @@ class Indexer:
                 ctx.log.warning("reading events failed: %s", error)
                 ctx.stop.wait(1.0)
                 continue
+            if self.partitions > 1 and self.coordinator:
+                step = self.newest_mergeable()
+                if step is not None:  # announcing a refresh comes before building the next
+                    self._attempt(step, self.merge)
+                    continue
             step = self.newest_complete()
-            if step is None:
-                continue
-            try:
-                self.process(step)
-            except Superseded:
-                ctx.log.info("checkpoint %d superseded while indexing", step)
-            except ShardRequeued as error:
-                ctx.log.warning("checkpoint %d waits for %s to be encoded again", step, error)
-            except (*REDIS_UNAVAILABLE, StorageError) as error:
-                ctx.log.warning("indexing checkpoint %d failed, will retry: %s", step, error)
-                ctx.stop.wait(1.0)
+            if step is not None:
+                self._attempt(step, self.process if self.partitions == 1 else self.build_part)
 
-    def _check_superseded(self, step: int) -> None:
+    def _attempt(self, step: int, work: Callable[[int], None]) -> None:
+        """Run one build (or merge) of ``step``; what may pass is logged and retried later."""
+        ctx = self.ctx
+        try:
+            work(step)
+        except Superseded:
+            ctx.log.info("checkpoint %d superseded while indexing", step)
+        except ShardRequeued as error:
+            ctx.log.warning("checkpoint %d waits for %s to be encoded again", step, error)
+        except (*REDIS_UNAVAILABLE, StorageError) as error:
+            ctx.log.warning("indexing checkpoint %d failed, will retry: %s", step, error)
+            ctx.stop.wait(1.0)
+
+    def _check_superseded(self, step: int, merging: bool = False) -> None:
         """Called between batches of a build: raises :class:`Superseded` if a newer
-        checkpoint completed meanwhile (or the service is stopping)."""
+        checkpoint completed meanwhile (or the service is stopping). ``merging``: partition
+        0's merge, overtaken when a newer checkpoint has every partition's lists."""
         if time.monotonic() - self._last_poll > 1.0:
             self.poll(block_ms=0)
-        if self.ctx.stop.is_set() or superseded(step, self.newest_complete()):
+        following = self.newest_mergeable() if merging else self.newest_complete()
+        if self.ctx.stop.is_set() or superseded(step, following):
             raise Superseded(step)
 
     def publish_bm25_negatives(self) -> None:
         ctx = self.ctx
+        if not self.coordinator:
+            return  # partition 0 mines and announces them once
         table_id = TableId.bm25()
         key = table_id.key
         if not ctx.store.exists(key):
@@ -257,11 +353,132 @@ class Indexer:
         metrics = self.evaluate(index, queries, cancel)
         eval_s = time.monotonic() - started
         timings = {"build_s": build_s, "mine_s": mine_s, "eval_s": eval_s}
+        # The index serves searches from now on; then the events go out.
+        self.search.serve(ServedIndex(step, index))
+        self._announce(step, table, dual, diagnostics, metrics, timings)
+
+    def build_part(self, step: int) -> None:
+        """P > 1: build this partition's index of ``step``, search every query, store the
+        top-K lists and announce them (``partition.searched``)."""
+        ctx, cfg = self.ctx, self.ctx.config
+        cancel = lambda: self._check_superseded(step)  # noqa: E731
+        started = time.monotonic()
+        ctx.state.update(state="running", phase=f"building index {step}", checkpoint_step=step)
+        plan = self.plans[step]
+        owned = plan.owned_shards(self.partition, self.partitions)
+        size = sum(plan.corpus_ranges[shard][1] - plan.corpus_ranges[shard][0]
+                   for shard in owned)
+        index: AnnIndex | None = None
+        for shard in owned:
+            cancel()
+            ids, vectors = self._load_shard(step, ShardKind.CORPUS, shard)
+            if index is None:
+                index = AnnIndex(vectors.shape[1], cfg.index, expected_size=size)
+            index.add(ids, vectors)
+        queries = self._load_queries(step, plan)
+        if index is None:  # more partitions than corpus shards: this part is empty
+            index = AnnIndex(queries.vectors.shape[1], cfg.index, expected_size=0)
+        index.finalize()
+        build_s = time.monotonic() - started
+        ctx.state.update(phase=f"searching {step}")
+        started = time.monotonic()
+        groups = self.search_groups(index, queries, cancel)
+        positives = self.positive_docs[
+            plan.shard_of_doc(self.positive_docs) % self.partitions == self.partition]
+        key = keys.partial_results(step, self.partition, self.partitions)
+        ctx.store.put_bytes(key, pack_partials(groups, positives, index.vectors(positives)))
+        search_s = time.monotonic() - started
+        self.search.serve(ServedIndex(step, index))
+        self.last_searched = step
+        ctx.bus.publish(PartitionSearched(step=step, partition=self.partition,
+                                          partitions=self.partitions, key=key,
+                                          documents=len(index), build_s=build_s,
+                                          search_s=search_s))
+        ctx.state.update(state="idle", phase="waiting for shards", index_step=step)
+        ctx.log.info("checkpoint %d: partition %d of %d searched (%d documents, build %.1fs, "
+                     "search %.1fs)", step, self.partition, self.partitions, len(index),
+                     build_s, search_s)
+        if not self.coordinator:  # partition 0 keeps its plans until it merged them
+            for old in [s for s in self.plans if s <= step]:
+                self.plans.pop(old, None)
+                self.received.pop(old, None)
+                self.published_at.pop(old, None)
+
+    def search_groups(self, index: AnnIndex, queries: QueryVectors,
+                      cancel: Callable[[], None]) -> dict[str, TopK]:
+        """The top-K lists a refresh needs: the training queries at the mining depth, each
+        evaluated split's queries at ``index.eval_depth`` (the searches one index runs in
+        :meth:`mine` and :meth:`evaluate`, query for query and batch for batch)."""
+        cfg, batch = self.ctx.config, self.ctx.config.index.search_batch_size
+        groups = {"train": TopK(np.array(self.train_ids),
+                                *index.search(queries.of(self.train_ids), self.train_depth(),
+                                              batch, cancel))}
+        for split in cfg.index.eval_splits:
+            qids = sorted(getattr(self.ctx.dataset, split))
+            if qids:
+                groups[split] = TopK(np.array(qids), *index.search(
+                    queries.of(qids), cfg.index.eval_depth, batch, cancel))
+        return groups
+
+    def merge(self, step: int) -> None:
+        """Partition 0, once every partition's lists of ``step`` are stored: merge them into
+        the global top-K, mine, evaluate and announce the refresh (once: the announcement is
+        what :meth:`recover` reads back, and a merge redone after a restart rewrites the
+        same objects)."""
+        ctx, cfg = self.ctx, self.ctx.config
+        cancel = lambda: self._check_superseded(step, merging=True)  # noqa: E731
+        started = time.monotonic()
+        ctx.state.update(state="running", phase=f"merging {step}", checkpoint_step=step)
+        plan = self.plans[step]
+        parts = []
+        for partition in range(self.partitions):
+            cancel()
+            key = keys.partial_results(step, partition, self.partitions)
+            parts.append(unpack_partials(ctx.store.get_bytes(key)))
+        merged: dict[str, TopK] = {}
+        for name, first in parts[0].groups.items():
+            for partition, part in enumerate(parts):
+                if name not in part.groups or not np.array_equal(part.groups[name].query_ids,
+                                                                 first.query_ids):
+                    raise ValueError(f"checkpoint {step}: partition {partition}'s lists of "
+                                     f"{name!r} are not of the queries of partition 0's")
+            depth = self.train_depth() if name == "train" else cfg.index.eval_depth
+            merged[name] = TopK(first.query_ids, *merge_topk(
+                [(part.groups[name].ids, part.groups[name].scores) for part in parts], depth))
+        queries = self._load_queries(step, plan)
+        dim = queries.vectors.shape[1]
+        known = (np.concatenate([part.doc_ids for part in parts]),
+                 np.concatenate([part.doc_vectors.reshape(-1, dim) for part in parts]))
+        view = MergedIndex(ctx.store, plan, dim, known=known)
+        merge_s = time.monotonic() - started
+
+        ctx.state.update(phase=f"mining {step}")
+        started = time.monotonic()
+        table, dual, diagnostics = self.mine(step, view, queries, cancel, merged["train"])
+        mine_s = time.monotonic() - started
+
+        ctx.state.update(phase=f"evaluating {step}")
+        started = time.monotonic()
+        metrics = self.evaluate(view, queries, cancel, merged)
+        eval_s = time.monotonic() - started
+        events = self.searched[step].values()
+        timings = {"build_s": max(e.build_s for e in events),
+                   "search_s": max(e.search_s for e in events),
+                   "merge_s": merge_s, "mine_s": mine_s, "eval_s": eval_s}
+        ctx.log.info("checkpoint %d: merged %d partitions' lists (%d corpus shards read back "
+                     "for vectors)", step, self.partitions, view.shards_read)
+        self._announce(step, table, dual, diagnostics, metrics, timings)
+        for old in [s for s in self.searched if s <= step]:
+            self.searched.pop(old, None)
+
+    def _announce(self, step: int, table: NegativesTable | None, dual: NegativesTable | None,
+                  diagnostics: dict, metrics: dict, timings: dict) -> None:
+        """Store the evaluation report, then publish ``negatives.ready`` and
+        ``eval.completed`` of ``step`` (the tables are stored already)."""
+        ctx = self.ctx
         ctx.store.put_json(keys.eval_report(step), {"step": step, "metrics": metrics,
                                                     "timings": timings,
                                                     "diagnostics": diagnostics})
-        # The index serves searches from now on; then the events go out.
-        self.search.serve(ServedIndex(step, index))
         self.last_built = step
         if table is not None:
             self.previous = table
@@ -325,14 +542,26 @@ class Indexer:
             self.work_queue.enqueue([work])
             raise ShardRequeued(work.key) from error
 
-    def mine(self, step: int, index: AnnIndex, queries: QueryVectors, cancel: Callable[[], None]
+    def train_depth(self) -> int:
+        """How deep the training queries are searched: the mining's candidates plus room for
+        the positives removed (and at least the diagnostics' top 100)."""
+        return max(100, self.miner.depth()) + self.miner.max_positives
+
+    def mine(self, step: int, index: AnnIndex | MergedIndex, queries: QueryVectors,
+             cancel: Callable[[], None], searched: TopK | None = None
              ) -> tuple[NegativesTable | None, NegativesTable | None, dict]:
         """The refresh's negatives (the pool's, if it mines ANN), DANCE's negative queries
-        (when enabled) and the diagnostics."""
+        (when enabled) and the diagnostics. ``searched``: the training queries' merged lists
+        (partitions); without it ``index`` is searched here."""
         ctx, cfg = self.ctx, self.ctx.config
         train_queries = queries.of(self.train_ids)
-        depth = max(100, self.miner.depth()) + self.miner.max_positives
-        ranked, sims = index.search(train_queries, depth, cfg.index.search_batch_size, cancel)
+        if searched is None:
+            ranked, sims = index.search(train_queries, self.train_depth(),
+                                        cfg.index.search_batch_size, cancel)
+        else:
+            if list(searched.query_ids) != self.train_ids:
+                raise ValueError("merged training lists are not in training-query order")
+            ranked, sims = searched.ids, searched.scores
         table = dual = None
         if self.miner.pool.mines_ann:
             table = self.miner.mine(step, index, train_queries, ranked, sims, self.previous,
@@ -344,8 +573,10 @@ class Indexer:
         diagnostics = self.diagnostics.compute(ranked, self.previous, table)
         return table, dual, diagnostics
 
-    def evaluate(self, index: AnnIndex, queries: QueryVectors, cancel: Callable[[], None]
-                 ) -> dict:
+    def evaluate(self, index: AnnIndex | MergedIndex, queries: QueryVectors,
+                 cancel: Callable[[], None], searched: dict[str, TopK] | None = None) -> dict:
+        """Metrics per evaluated split; ``searched``: the merged lists per split
+        (partitions), else ``index`` is searched here."""
         cfg, dataset = self.ctx.config, self.ctx.dataset
         results = {}
         for split in cfg.index.eval_splits:
@@ -353,8 +584,13 @@ class Indexer:
             if not qrels:
                 continue
             qids = sorted(qrels)
-            ranked, scores = index.search(queries.of(qids), cfg.index.eval_depth,
-                                          cfg.index.search_batch_size, cancel)
+            if searched is None:
+                ranked, scores = index.search(queries.of(qids), cfg.index.eval_depth,
+                                              cfg.index.search_batch_size, cancel)
+            else:
+                if list(searched[split].query_ids) != qids:
+                    raise ValueError(f"merged {split} lists are not of the {split} queries")
+                ranked, scores = searched[split].ids, searched[split].scores
             run = {q: {str(d): float(s) for d, s in zip(r, sc, strict=True) if d >= 0}
                    for q, r, sc in zip(qids, ranked, scores, strict=True)}
             str_qrels = {q: {str(d): rel for d, rel in rels.items()} for q, rels in qrels.items()}

@@ -2,8 +2,9 @@
 
 Validates the configuration and the dataset before anything starts, launches a private
 Redis server, the object store (a local directory, or S3 when ``ANCE_S3_ENDPOINT`` is set),
-the trainer, the indexer and ``inference.replicas`` inferencers, then shows progress and a
-metrics table at every refresh until the final checkpoint is evaluated. Ctrl-C (or any
+the trainer, the indexer (``index.partitions`` processes) and ``inference.replicas``
+inferencers, then shows progress and a metrics table at every refresh until the final
+checkpoint is evaluated. Ctrl-C (or any
 service failing) stops every child; children also die with the launcher (PDEATHSIG).
 """
 
@@ -26,6 +27,7 @@ from rich.table import Table
 
 from ance_train.config import RunConfig, dump_config
 from ance_train.data.validation import validate_dataset
+from ance_train.indexer.partitions import PARTITION_VAR
 from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.credentials import redis_password
 from ance_train.infra.rpc import fetch_status
@@ -143,14 +145,16 @@ class EmbeddedRun:
                              "change run_id")
         return store, stale
 
-    def _spawn(self, role: str, name: str, port: int) -> Child:
+    def _spawn(self, role: str, name: str, port: int,
+               extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         args = [*service_command(role, self.config.training.processes), "serve", role,
                 "--config", str(self.resolved_config), "--instance", name,
                 "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
         with open(log_path, "ab") as log:
             process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, env=self.env,
+                                       stdin=subprocess.DEVNULL,
+                                       env={**self.env, **(extra_env or {})},
                                        start_new_session=True, preexec_fn=die_with_parent)
         child = Child(name, role, port, process, log_path)
         self.children.append(child)
@@ -158,7 +162,14 @@ class EmbeddedRun:
 
     def start_services(self) -> None:
         ports = self.config.services
-        self.indexer = self._spawn("indexer", "indexer", ports.indexer_port or free_port())
+        partitions = self.config.index.partitions
+        if partitions == 1:
+            self.indexer = self._spawn("indexer", "indexer", ports.indexer_port or free_port())
+        else:  # one process per partition; partition 0 merges and announces (indexer-0)
+            indexers = [self._spawn("indexer", f"indexer-{p}",
+                                    ports.indexer_port + p if ports.indexer_port else free_port(),
+                                    {PARTITION_VAR: str(p)}) for p in range(partitions)]
+            self.indexer = indexers[0]
         for replica in range(self.config.inference.replicas):
             base = ports.inferencer_base_port
             self._spawn("inferencer", f"inferencer-{replica}",

@@ -12,6 +12,7 @@ repeat an event.
 | ``checkpoint.published`` | trainer | a checkpoint is stored and its shard work queued |
 | ``shard.encoded`` | inferencer | one embedding shard is stored |
 | ``shard.failed`` | inferencer | an item was given up (its checkpoint cannot be read) |
+| ``partition.searched`` | indexer partition | its top-K lists of every query are stored |
 | ``negatives.ready`` | indexer | negatives tables are stored (BM25 at start, then per refresh) |
 | ``eval.completed`` | indexer | a refresh's metrics are stored |
 | ``run.finished`` | trainer | the last step is done |
@@ -79,6 +80,30 @@ class ShardFailed(Event):
     error: str  # names the object that could not be read
 
 
+class PartitionSearched(Event):
+    """Index partition ``partition`` of ``partitions`` built its index of checkpoint ``step``
+    over the corpus shards it owns (:func:`ance_train.protocol.work.partition_of`) and stored
+    its local top-K lists of every query under ``key``
+    (:func:`ance_train.protocol.keys.partial_results`). Once the event of every partition
+    is out, partition 0 merges the lists, mines, evaluates and announces the refresh."""
+
+    TYPE: ClassVar[str] = "partition.searched"
+
+    step: int = Field(ge=0)
+    partition: int = Field(ge=0)
+    partitions: int = Field(ge=2)
+    key: str
+    documents: int = Field(ge=0)  # documents in the partition's index
+    build_s: float = 0.0
+    search_s: float = 0.0
+
+    @model_validator(mode="after")
+    def _partition_in_range(self) -> PartitionSearched:
+        if self.partition >= self.partitions:
+            raise ValueError(f"partition {self.partition} of {self.partitions}")
+        return self
+
+
 class NegativesReady(Event):
     """Tables stored and ready to use: BM25 alone, or a refresh's ANN and/or DANCE tables."""
 
@@ -119,10 +144,10 @@ class RunFinished(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.TYPE: cls for cls in (CheckpointPublished, ShardEncoded, ShardFailed, NegativesReady,
-                              EvalCompleted, RunFinished)
+    cls.TYPE: cls for cls in (CheckpointPublished, ShardEncoded, ShardFailed, PartitionSearched,
+                              NegativesReady, EvalCompleted, RunFinished)
 }
 
 
 __all__ = ["EVENT_TYPES", "CheckpointPublished", "EvalCompleted", "Event", "MalformedMessage",
-           "NegativesReady", "RunFinished", "ShardEncoded", "ShardFailed"]
+           "NegativesReady", "PartitionSearched", "RunFinished", "ShardEncoded", "ShardFailed"]

@@ -54,6 +54,13 @@ def negatives_table(table: TableId) -> str:
     return f"negatives/{table.name}.npz"
 
 
+def partial_results(step: int, partition: int, partitions: int) -> str:
+    """Index partition ``partition``'s local top-K lists of every query of checkpoint ``step``
+    (``index.partitions`` > 1); the number of partitions is in the key, so lists cut for
+    another partitioning are never merged with these."""
+    return f"partials/{int(step)}/partition-{int(partition)}-of-{int(partitions)}.npz"
+
+
 EVAL_REPORTS = "eval"
 
 
@@ -90,3 +97,9 @@ DEAD_LETTER_STREAM = "dead-letter"  # entries that failed validation, kept for i
 
 def service_registration(role: str, instance: str) -> str:
     return f"service:{role}:{instance}"
+
+
+def index_partition_address(partition: int) -> str:
+    """The gRPC address of index partition ``partition`` (refreshed with a TTL by the
+    partition itself), where ``Retrieval.Search`` fans out to."""
+    return f"index_partition:{int(partition)}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ance_train.protocol import keys
@@ -31,6 +32,19 @@ class ShardKind(StrEnum):
 
 CORPUS = ShardKind.CORPUS
 QUERIES = ShardKind.QUERIES
+
+
+def partition_of(shard: int, partitions: int) -> int:
+    """The index partition that owns corpus shard ``shard`` when the indexer runs as
+    ``partitions`` processes (``index.partitions``): ``shard mod partitions``.
+
+    Fixed by the shard number alone, so every process (and a restarted one) agrees without
+    coordination, and consecutive shards, which hold neighbouring documents, are spread over
+    the partitions (every partition's share grows alike while a refresh is encoded).
+    """
+    if partitions < 1 or shard < 0:
+        raise ValueError(f"partition_of({shard}, {partitions}): need shard >= 0, partitions >= 1")
+    return shard % partitions
 
 Range = tuple[int, int]
 
@@ -82,6 +96,28 @@ class RefreshPlan(BaseModel):
     def expected_keys(self) -> set[str]:
         return {keys.embedding_shard(self.step, kind, shard)
                 for kind in ShardKind for shard in range(len(self.ranges(kind)))}
+
+    def owned_shards(self, partition: int, partitions: int) -> list[int]:
+        """The corpus shards index partition ``partition`` of ``partitions`` builds."""
+        return [shard for shard in range(len(self.corpus_ranges))
+                if partition_of(shard, partitions) == partition]
+
+    def partition_keys(self, partition: int, partitions: int) -> set[str]:
+        """What a partition needs before it builds: its corpus shards and every query shard
+        (each partition searches every query)."""
+        return ({keys.embedding_shard(self.step, ShardKind.CORPUS, shard)
+                 for shard in self.owned_shards(partition, partitions)}
+                | {keys.embedding_shard(self.step, ShardKind.QUERIES, shard)
+                   for shard in range(len(self.query_ranges))})
+
+    def shard_of_doc(self, doc_ids: np.ndarray) -> np.ndarray:
+        """The corpus shard holding each document index (ranges are contiguous from 0)."""
+        starts = np.array([start for start, _ in self.corpus_ranges], dtype=np.int64)
+        doc_ids = np.asarray(doc_ids, dtype=np.int64)
+        if len(doc_ids) and (doc_ids.min() < 0 or doc_ids.max() >= self.num_docs):
+            raise KeyError(f"document indices outside [0, {self.num_docs}) in refresh plan "
+                           f"{self.step}")
+        return np.searchsorted(starts, doc_ids, side="right") - 1
 
     @property
     def num_docs(self) -> int:
