@@ -163,12 +163,13 @@ def test_workload_takes_settings_from_a_run_config() -> None:
     cfg = parse_config({"data": {"path": "d"}, "model": {"max_doc_length": 128},
                         "inference": {"shard_size": 500},
                         "negatives": {"sampling": "simans", "top_k": 300},
-                        "index": {"type": "ivf", "ivf": {"nlist": 64}}})
+                        "index": {"type": "ivf", "ivf": {"nlist": 64}, "partitions": 3}})
     load = capacity.workload(docs=10_000, dim=32, replicas=2, docs_per_s=10.0,
                              train_queries=100, doc_tokens=256, config=cfg,
                              index_type="ivfpq")
     assert (load.shard_size, load.mine_depth, load.doc_tokens) == (500, 100, 128)
     assert load.index.type == "ivfpq" and load.index.ivf.nlist == 64
+    assert load.partitions == 3
 
 
 def test_throughput_from_an_encode_report(tmp_path: Path) -> None:

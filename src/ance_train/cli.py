@@ -341,7 +341,7 @@ def plan(
     ivf_quantizer: Annotated[IvfQuantizer | None, typer.Option(
         help="IVF coarse quantizer (overrides the config's index.ivf.quantizer).")] = None,
     partitions: Annotated[int, typer.Option(
-        min=1, help="Indexer partitions (index.partitions).")] = 1,
+        min=1, help="Indexer partitions (default: the config's index.partitions).")] = 1,
     embedding_dtype: Annotated[EmbeddingDtype, typer.Option(
         help="Stored embedding values (inference.embedding_dtype).")] = EmbeddingDtype.float32,
     indexer_cpus: Annotated[int | None, typer.Option(

@@ -369,6 +369,8 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
                  "query_shard_size": config.inference.query_shard_size,
                  "mine_depth": max(100, neg.sampling_strategy.depth()),
                  "eval_depth": config.index.eval_depth}
+        if partitions == 1:  # the configuration's, unless the caller asked for others
+            partitions = config.index.partitions
         doc_tokens = min(doc_tokens, config.model.max_doc_length)
         query_tokens = min(query_tokens, config.model.max_query_length)
     if index_type is not None or ivf_quantizer is not None:
