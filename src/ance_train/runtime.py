@@ -53,10 +53,15 @@ class ServiceOptions:
 
 
 def setup_logging(role: str, instance: str) -> None:
+    """Log lines name the role and instance, and, in a process that torch.distributed.run
+    started as one of several ranks (``WORLD_SIZE`` > 1), the rank: the ranks share a log."""
     level = os.environ.get("ANCE_LOG_LEVEL", "INFO").upper()
+    world = os.environ.get("WORLD_SIZE", "1")
+    label = (f"{instance} rank {os.environ.get('RANK', '?')}/{world}"
+             if world.isdigit() and int(world) > 1 else instance)
     handler = logging.StreamHandler()
     handler.setFormatter(RedactingFormatter(
-        f"%(asctime)s {role}[{instance}] %(levelname)s %(name)s: %(message)s"))
+        f"%(asctime)s {role}[{label}] %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
     for noisy in ("urllib3", "filelock", "httpx", "transformers", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
