@@ -139,6 +139,10 @@ def test_killed_ranks_restart_the_group_from_the_last_checkpoint(
     assert summary["checkpoints"] == CHECKPOINTS
     for name in ("losses", "async_gaps", "negatives_steps", "step_seconds", "dual_losses"):
         assert len(summary[name]) == STEPS, name  # one entry per step, none twice or missing
+    # A redone step's record is the redone one (the first group logged steps 1 and 10 only).
+    for restart, step in ((1, REFRESH + 1), (2, 2 * REFRESH + 1)):
+        logged = re.search(rf"step {step} loss (\S+)", _after(log, f"group restart {restart}"))
+        assert logged and f"{summary['losses'][step - 1]:.4f}" == logged.group(1), step
     swap_steps = [swap["step"] for swap in summary["swaps"]]
     assert swap_steps == sorted(set(swap_steps)), "swap records out of order or repeated"
     # Published once each (a restart resumes from a published checkpoint and never
