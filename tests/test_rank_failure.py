@@ -102,7 +102,7 @@ def test_killed_ranks_restart_the_group_from_the_last_checkpoint(
     command = [*service_command("trainer", config.processes, config.max_restarts),
                "serve", "trainer", "--config", str(harness.config_path),
                "--instance", "trainer", "--work-dir", str(harness.root / "work" / "trainer"),
-               "--port", str(free_port())]  # a restarted rank 0 binds the same port again
+               "--port", str(port := free_port())]  # every rank 0 binds this port
     with open(harness.root / "trainer.log", "ab") as log:
         torchrun = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                     env={**harness.env(), **RANKS_ENV})
@@ -132,6 +132,7 @@ def test_killed_ranks_restart_the_group_from_the_last_checkpoint(
     # Every line a rank logs says which rank it is.
     assert re.search(r"trainer\[trainer rank 1/2\]", log)
     assert "SignalException" not in log
+    assert log.count(f"gRPC on 127.0.0.1:{port}") == 3  # each new rank 0 bound it again
 
     summary = harness.store.get_json(keys.TRAINER_SUMMARY)
     assert summary["finished"] and summary["steps"] == STEPS
