@@ -35,7 +35,7 @@ from servers import moto_server, use_worker_port_range
 FAULT_MODULES = ("test_duplicate_events.py", "test_fault_corrupt_checkpoint.py",
                  "test_fault_corrupt_shard.py", "test_fault_redis_restart.py",
                  "test_fault_store_outage.py", "test_indexer_restart.py",
-                 "test_partition_restart.py",
+                 "test_partition_restart.py", "test_rank_failure.py",
                  "test_shard_reclaim.py", "test_trainer_restart.py")
 SHARED_RUN_MODULES = ("test_e2e.py", "test_kube_status.py", "test_distributed.py",
                       "test_index_partitions.py")

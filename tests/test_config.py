@@ -56,6 +56,15 @@ def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
     assert cfg.negatives.tele.momentum_weight == cfg.negatives.tele.lookahead_weight == 0.5
     assert cfg.index.eval_splits == ["dev", "test"]
     assert cfg.services.trainer_port == 0
+    assert cfg.training.max_restarts == 3  # the chart's trainer.maxRestarts
+
+
+def test_negative_max_restarts_is_named(tmp_path: Path) -> None:
+    data = tmp_path / "dataset"
+    data.mkdir()
+    path = write_config(tmp_path / "run.yaml", data={"path": str(data)},
+                        training={"processes": 2, "max_restarts": -1})
+    assert "max_restarts" in _load_error(path)
 
 
 def test_unknown_field_is_named(tmp_path: Path) -> None:

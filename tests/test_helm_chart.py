@@ -1051,7 +1051,7 @@ def test_trainer_ranks_command_matches_the_embedded_launcher(
     ranks_objects: list[dict[str, Any]],
 ) -> None:
     """Cluster and embedded mode start the same rank code with the same launcher flags; only
-    how the ranks meet differs (c10d rendezvous here, a local master address there)."""
+    where the c10d rendezvous is differs (pod 0 here, 127.0.0.1 there)."""
     embedded = [*service_command("trainer", 4), "serve", "trainer"]
     main = pod_spec(one(ranks_objects, "Job", f"{FULLNAME}-trainer"))["containers"][0]
     rendered = [*main["command"], *main["args"]]
@@ -1061,8 +1061,9 @@ def test_trainer_ranks_command_matches_the_embedded_launcher(
     tail = ["-m", "ance_train.cli", "serve", "trainer"]
     assert embedded[-4:] == rendered[-4:] == tail
     assert rendered.count("-m") == embedded.count("-m") == 2
-    # Every flag name the embedded launcher passes is passed here, but its local rendezvous.
-    assert _flags(embedded) - {"--master-addr", "--master-port"} <= _flags(rendered)
+    # Every flag name the embedded launcher passes is passed here.
+    assert _flags(embedded) <= _flags(rendered)
+    assert _flag(embedded, "--rdzv-backend") == "c10d" == _flag(rendered, "--rdzv-backend")
     # And the single-process trainer: the same module as `python -m ance_train.cli`.
     assert service_command("trainer", 1)[1:] == ["-m", "ance_train.cli"]
 

@@ -31,6 +31,7 @@ from ance_train.launcher.redis_server import RedisServer
 from ance_train.observability.kube import KubeSettings, RunReporter
 from ance_train.protocol import keys
 from ance_train.protocol.events import EvalCompleted
+from ance_train.runtime import ranks_restart_on_failure
 
 from helm_render import NAMESPACE, find, one, render_chart
 from helpers import write_config
@@ -334,3 +335,26 @@ def test_trainer_ranks_report_their_world_size_once(tmp_path: Path, standin: Kub
     assert reasons.count("CheckpointPublished") == steps // every + 1  # 0, 2, 4: rank 0 only
     assert reasons.count("RunSucceeded") == 1
     assert standin.pruned == set() and standin.rejected == []
+
+
+def test_a_rank_failure_torchrun_restarts_does_not_fail_the_run(
+        standin: KubeStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer rank dies with torch.distributed.run restarts left: a RankFailed warning, the
+    phase untouched; with none left (or a single process), the run fails."""
+    env = {"WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "2"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert ranks_restart_on_failure()
+    reporter = RunReporter(KubeSettings(standin.name, NAMESPACE, standin.url), "trainer",
+                           "trainer-0").start()
+    reporter.failed(RuntimeError("Connection closed by peer"),
+                    restarting=ranks_restart_on_failure())
+    reporter.close()
+    (event,) = standin.events.values()
+    assert (event["reason"], event["type"]) == ("RankFailed", "Warning")
+    assert "phase" not in standin.status
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # the last restart is used up
+    assert not ranks_restart_on_failure()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert not ranks_restart_on_failure()

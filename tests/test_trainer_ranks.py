@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from ance_train.infra.bus import EventBus, connect
-from ance_train.launcher.embedded import service_command
+from ance_train.launcher.embedded import RANKS_ENV, service_command
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished
 from ance_train.runtime import ServiceOptions, connect_context
@@ -57,7 +57,8 @@ def _launch(harness: Harness) -> None:
     command = [*service_command("trainer", 2), "serve", "trainer",
                "--config", str(harness.config_path), "--instance", "trainer",
                "--work-dir", str(harness.root / "work")]
-    done = subprocess.run(command, env=harness.env(), capture_output=True, text=True,
+    done = subprocess.run(command, env={**harness.env(), **RANKS_ENV}, capture_output=True,
+                          text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
 
@@ -141,6 +142,10 @@ def test_embedded_run_with_two_trainer_processes(tmp_path: Path, scifact_subset:
     assert trainer["swaps"][0] == {"step": 1, "negatives_step": 0}  # ANN from checkpoint 0
     assert all(math.isfinite(loss) for loss in trainer["losses"])
     assert (run_dir / "work" / "trainer" / "rank-1").is_dir()
+    log = (run_dir / "logs" / "trainer.log").read_text()
+    # The finished trainer exited by itself (a signalled torchrun logs a SignalException),
+    # and every line of its ranks names the rank.
+    assert "SignalException" not in log and "trainer[trainer rank 1/2]" in log
     time.sleep(0.5)
     assert processes_mentioning(str(run_dir)) == [], "a trainer rank outlived the run"
 
@@ -151,5 +156,8 @@ def test_service_command_starts_trainer_ranks_through_torchrun() -> None:
     command = service_command("trainer", 3)
     assert command[1:3] == ["-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "3"
-    assert command[command.index("--master-addr") + 1] == "127.0.0.1"
+    assert command[command.index("--rdzv-backend") + 1] == "c10d"
+    assert command[command.index("--rdzv-endpoint") + 1].startswith("127.0.0.1:")
+    assert command[command.index("--max-restarts") + 1] == "3"  # training.max_restarts
+    assert service_command("trainer", 2, 0)[command.index("--max-restarts") + 1] == "0"
     assert command[-2:] == ["-m", "ance_train.cli"]

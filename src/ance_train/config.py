@@ -211,6 +211,11 @@ class TrainingConfig(_Strict):
                              "batch, split over them, every query seeing the documents of all "
                              "ranks as in-batch negatives (trainer/distributed.py); the "
                              "trainer is started through torch.distributed.run.")
+    max_restarts: int = Field(
+        3, ge=0, description="With processes > 1: how many times torch.distributed.run "
+                             "(--max-restarts) restarts all the ranks after one fails; the "
+                             "group resumes from the newest complete checkpoint. 0: a failed "
+                             "rank fails the trainer. The chart's trainer.maxRestarts.")
     grad_cache_chunk: int | None = Field(
         None, ge=0, description="GradCache (Gao et al. 2021, arXiv 2101.06983): encode at most "
                                 "this many texts at a time with the graph; the loss is still "

@@ -53,10 +53,15 @@ class ServiceOptions:
 
 
 def setup_logging(role: str, instance: str) -> None:
+    """Log lines name the role and instance, and, in a process that torch.distributed.run
+    started as one of several ranks (``WORLD_SIZE`` > 1), the rank: the ranks share a log."""
     level = os.environ.get("ANCE_LOG_LEVEL", "INFO").upper()
+    world = os.environ.get("WORLD_SIZE", "1")
+    label = (f"{instance} rank {os.environ.get('RANK', '?')}/{world}"
+             if world.isdigit() and int(world) > 1 else instance)
     handler = logging.StreamHandler()
     handler.setFormatter(RedactingFormatter(
-        f"%(asctime)s {role}[{instance}] %(levelname)s %(name)s: %(message)s"))
+        f"%(asctime)s {role}[{label}] %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
     for noisy in ("urllib3", "filelock", "httpx", "transformers", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -142,6 +147,17 @@ def fetch_dataset(store: ObjectStore, cache_dir: Path) -> DatasetIndex:
     return load_dataset_index(cache_dir)
 
 
+def ranks_restart_on_failure() -> bool:
+    """Whether torch.distributed.run starts this process's group of ranks again if it fails
+    now: several ranks, and its ``--max-restarts`` not used up (the variables it sets)."""
+    try:
+        return (int(os.environ.get("WORLD_SIZE", "1")) > 1
+                and int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+                < int(os.environ["TORCHELASTIC_MAX_RESTARTS"]))
+    except (KeyError, ValueError):
+        return False
+
+
 # Exit code of a Job's trainer stopped (SIGTERM) before its last step: not a success, so
 # Kubernetes starts it again and it resumes from its newest checkpoint (128 + SIGTERM).
 STOPPED_EARLY = 143
@@ -205,7 +221,7 @@ class ServiceContext:
             return serve_role(self)
         except Exception as error:
             self.log.error("%s failed", self.options.role, exc_info=error)
-            self.reporter.failed(error)
+            self.reporter.failed(error, restarting=ranks_restart_on_failure())
             return 1
         finally:
             self.reporter.close()

@@ -87,6 +87,7 @@ class EmbeddedRun:
         self.children: list[Child] = []
         self.redis: RedisServer | None = None
         self.redis_url = ""
+        self.finished = False  # the final checkpoint was evaluated
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -148,13 +149,16 @@ class EmbeddedRun:
     def _spawn(self, role: str, name: str, port: int,
                extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        args = [*service_command(role, self.config.training.processes), "serve", role,
+        training = self.config.training
+        args = [*service_command(role, training.processes, training.max_restarts), "serve", role,
                 "--config", str(self.resolved_config), "--instance", name,
                 "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
+        env = ({**self.env, **RANKS_ENV} if role == "trainer" and training.processes > 1
+               else self.env)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL,
-                                       env={**self.env, **(extra_env or {})},
+                                       env={**env, **(extra_env or {})},
                                        start_new_session=True, preexec_fn=die_with_parent)
         child = Child(name, role, port, process, log_path)
         self.children.append(child)
@@ -203,6 +207,7 @@ class EmbeddedRun:
                 if finished:
                     final_step = finished[-1].event.step
             if final_step is not None and final_step in evaluated:
+                self.finished = True
                 return
             if on_wait is not None:
                 on_wait()
@@ -264,6 +269,8 @@ class EmbeddedRun:
 
     # -- tear-down ------------------------------------------------------------------------
     def stop(self, timeout_s: float = 15.0) -> None:
+        if self.finished:
+            self._let_trainer_exit(timeout_s)
         for child in self.children:
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
@@ -277,6 +284,20 @@ class EmbeddedRun:
         if self.redis is not None:
             self.redis.stop()
 
+    def _let_trainer_exit(self, timeout_s: float) -> None:
+        """A finished trainer exits by itself moments after its last checkpoint: let it, rather
+        than signal it. A signalled torch.distributed.run (``training.processes`` > 1) stops its
+        ranks but raises ``SignalException`` and logs the traceback, as it does when a run is
+        aborted (Ctrl-C, a failed service): there the traceback is torch's record of a stop."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return
+        try:
+            trainer.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            console.print(f"[yellow]warning:[/] the trainer finished but had not exited after "
+                          f"{timeout_s:g}s: stopping it")
+
     def execute(self) -> RunResult:
         self.prepare()
         try:
@@ -289,15 +310,32 @@ class EmbeddedRun:
         return result
 
 
-def service_command(role: str, trainer_processes: int = 1) -> list[str]:
+# The environment of torch.distributed.run for the ranks to survive a restart. By default its
+# agent keeps one TCPStore for the processes' ``init_process_group`` across every restart
+# (the static rendezvous always does), so a restarted group reads the gloo addresses its dead
+# predecessors left there: "Connection refused" on the first restart, a hang on the second
+# (both seen in tests/test_rank_failure.py; pytorch/pytorch#135712). With this, rank 0 of
+# each new group hosts a fresh store.
+RANKS_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def service_command(role: str, trainer_processes: int = 1, max_restarts: int = 3
+                    ) -> list[str]:
     """How a service process starts: ``python -m ance_train.cli``, or for a data-parallel
     trainer torch's elastic launcher starting ``trainer_processes`` ranks of it on this machine
-    (rank 0 is the trainer the others see: trainer/distributed.py, trainer/trainer.py)."""
+    (rank 0 is the trainer the others see: trainer/distributed.py, trainer/trainer.py). When
+    a rank fails, the launcher stops the others and starts all of them again, up to
+    ``max_restarts`` times (``training.max_restarts``); they resume from the newest complete
+    checkpoint.
+
+    The ranks meet through the c10d rendezvous, as in the chart; run it with
+    :data:`RANKS_ENV`."""
     if role != "trainer" or trainer_processes == 1:
         return [sys.executable, "-m", "ance_train.cli"]
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc-per-node", str(trainer_processes), "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), "-m", "ance_train.cli"]
+            "--nproc-per-node", str(trainer_processes), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", str(max_restarts),
+            "-m", "ance_train.cli"]
 
 
 def _metrics_table(config: RunConfig) -> Table:

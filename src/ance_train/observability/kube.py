@@ -236,10 +236,15 @@ class RunReporter:
             self._drop_oldest_events()
             self._cond.notify()
 
-    def failed(self, error: BaseException) -> None:
-        """An unhandled exception: the trainer's fails the run, any other is a ServiceFailed."""
+    def failed(self, error: BaseException, restarting: bool = False) -> None:
+        """An unhandled exception: the trainer's fails the run, any other is a ServiceFailed.
+        ``restarting``: a trainer rank whose group torch.distributed.run starts again
+        (``--max-restarts`` not used up): a RankFailed warning, the run goes on."""
         message = redact(f"{self.role} {self.instance}: {type(error).__name__}: {error}")
-        if self.role == "trainer":
+        if self.role == "trainer" and restarting:
+            self.event("RankFailed", f"{message} (torch.distributed.run restarts the ranks)",
+                       warning=True)
+        elif self.role == "trainer":
             self.update(urgent=True, phase="Failed", message=message[:MAX_MESSAGE_CHARS])
             self.event("RunFailed", message, warning=True)
         else:

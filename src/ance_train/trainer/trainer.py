@@ -476,6 +476,12 @@ def _distributed_context(processes: int) -> DistributedContext:
 
 
 def serve(ctx: ServiceContext) -> int:
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if ctx.config.training.processes > 1 and restart:
+        # torch.distributed.run started every rank again after one failed (--max-restarts,
+        # training.max_restarts): the group resumes from the newest complete checkpoint.
+        ctx.log.warning("rank group restart %d of at most %s", restart,
+                        os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?"))
     try:
         if ctx.config.training.processes > 1 and launched_rank() > 0:
             # Not a service of its own: no gRPC server, no registry entry (rank 0 is the
