@@ -36,7 +36,7 @@ from dockerfile_parse import DockerfileParser
 
 from ance_train.config import parse_config
 from ance_train.indexer.partitions import PARTITION_VAR, partition_number
-from ance_train.launcher.embedded import service_command
+from ance_train.launcher.embedded import RANKS_ENV, service_command
 
 from helm_render import (
     CHART_DIR,
@@ -1068,6 +1068,26 @@ def test_trainer_ranks_command_matches_the_embedded_launcher(
     assert service_command("trainer", 1)[1:] == ["-m", "ance_train.cli"]
 
 
+def test_trainer_ranks_get_the_environment_the_embedded_ranks_get(
+    ranks_objects: list[dict[str, Any]], kubeflow_objects: list[dict[str, Any]],
+    default_objects: list[dict[str, Any]],
+) -> None:
+    """torchrun restarts a group (--max-restarts) only with RANKS_ENV (a fresh rendezvous
+    store per group: launcher/embedded.py); the chart's ranks get the same, a single-process
+    trainer does not need it."""
+    def env(container: dict[str, Any]) -> dict[str, str]:
+        return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+    job = pod_spec(one(ranks_objects, "Job", f"{FULLNAME}-trainer"))["containers"][0]
+    pytorchjob = one(kubeflow_objects, "PyTorchJob", f"{FULLNAME}-trainer")
+    containers = [job] + [_pytorch_container(pytorchjob, replica) for replica
+                          in pytorchjob["spec"]["pytorchReplicaSpecs"]]
+    for container in containers:
+        assert RANKS_ENV.items() <= env(container).items(), container["name"]
+    single = pod_spec(one(default_objects, "Job", f"{FULLNAME}-trainer"))["containers"][0]
+    assert not RANKS_ENV.keys() & env(single).keys()
+
+
 def test_trainer_ranks_network_policy(ranks_objects: list[dict[str, Any]]) -> None:
     job = one(ranks_objects, "Job", f"{FULLNAME}-trainer")
     policy = one(ranks_objects, "NetworkPolicy", f"{FULLNAME}-trainer-ranks")["spec"]
@@ -1398,8 +1418,8 @@ def test_rank_commands_launch_the_same_as_the_embedded_launcher(
 ) -> None:
     """The embedded launcher, the Indexed Job's pods and the PyTorchJob's pods (with the
     variables the operator adds) launch the same rank code with the same settings, as
-    torchrun itself reads their commands; only how the ranks meet differs (a local master
-    address embedded, a c10d rendezvous on pod 0 / the Master pod in the cluster)."""
+    torchrun itself reads their commands; only where the c10d rendezvous is differs
+    (127.0.0.1 embedded, pod 0 / the Master pod in the cluster) and how many nodes meet."""
     embedded_argv = ["python", *service_command("trainer", 4)[1:], "serve", "trainer"]
     embedded = _launch(embedded_argv, {}, monkeypatch, tmp_path)
 
@@ -1423,7 +1443,8 @@ def test_rank_commands_launch_the_same_as_the_embedded_launcher(
         assert launch["nproc_per_node"] == 4
         for key in ("role", "start_method", "monitor_interval", "local_addr"):
             assert launch[key] == embedded[key], key
-    assert (embedded["nodes"], embedded["rdzv_backend"]) == ((1, 1), "static")
+    assert (embedded["nodes"], embedded["rdzv_backend"], embedded["max_restarts"]) == (
+        (1, 1), "c10d", 3)
     cluster = {"nodes": (2, 2), "rdzv_backend": "c10d", "run_id": RELEASE, "max_restarts": 3}
     for launch in (*job_pods, *operator_pods):
         assert {k: launch[k] for k in cluster} == cluster

@@ -68,6 +68,14 @@ matchLabels:
 {{- mul (.Values.trainer.nodes | default 1 | int) (.Values.trainer.procsPerNode | default 1 | int) }}
 {{- end }}
 
+{{/* What torch.distributed.run needs to restart a group (--max-restarts): each new group's
+rank 0 hosts a fresh rendezvous store instead of reusing the dead group's addresses
+(pytorch/pytorch#135712). The embedded launcher sets the same: launcher/embedded.py RANKS_ENV. */}}
+{{- define "ance-train.ranksEnv" -}}
+- name: TORCH_DISABLE_SHARE_RDZV_TCP_STORE
+  value: "1"
+{{- end }}
+
 {{/* The headless Service through which the trainer pods find pod 0, the rendezvous host. */}}
 {{- define "ance-train.trainerRanksService" -}}
 {{- printf "%s-ranks" (include "ance-train.fullname" .) }}
