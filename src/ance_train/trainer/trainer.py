@@ -230,7 +230,10 @@ class Trainer:
         self.publisher.flush()
         self.publisher.close()
         finished = self.step >= cfg.training.steps
-        self._update_store_bytes()
+        try:
+            self._update_store_bytes()
+        except StorageError as error:  # the summary keeps the last size listed
+            ctx.log.warning("listing the store's size failed: %s", error)
         ctx.store.put_json(keys.TRAINER_SUMMARY, self.summary(finished))
         if finished:
             ctx.bus.publish(RunFinished(step=self.step))
