@@ -12,7 +12,7 @@ from ance_train.inferencer.uploader import EncodedShard, ShardUploader
 from ance_train.infra.bus import EventBus, WorkItem, WorkQueue
 from ance_train.infra.store import LocalStore, StorageError
 from ance_train.protocol import keys
-from ance_train.protocol.embeddings import unpack_embeddings
+from ance_train.protocol.embeddings import stored_dtype, unpack_embeddings
 from ance_train.protocol.events import ShardEncoded
 from ance_train.protocol.work import CORPUS, ShardWork
 
@@ -97,3 +97,15 @@ def test_failed_upload_leaves_the_item_for_redelivery(tmp_path: Path, bus) -> No
     assert released == [0]  # the heartbeat stops, so another replica can reclaim it
     assert queue.pending_count() == 1 and uploaded == []
     assert list(bus.history(ShardEncoded)) == []
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_the_shard_is_stored_in_the_configured_dtype(tmp_path: Path, bus, dtype: str) -> None:
+    queue, items = claimed_items(bus, 1)
+    store = LocalStore(bus.run_id, tmp_path / "store")
+    uploader = ShardUploader(store, bus, queue, lambda s, sec: None, dtype)
+    uploader.submit(shard(items[0], []))
+    uploader.close()
+    data = store.get_bytes(keys.embedding_shard(STEP, CORPUS, 0))
+    assert stored_dtype(data) == np.dtype(dtype)
+    assert unpack_embeddings(data)[1].dtype == np.float32

@@ -238,7 +238,7 @@ def status(
                          "step": reply.step, "checkpoint": reply.checkpoint_step,
                          "index": reply.index_step, "phase": reply.progress.phase,
                          "progress": f"{reply.progress.done}/{reply.progress.total}",
-                         "metrics": dict(reply.metrics)})
+                         "metrics": dict(reply.metrics), "store_bytes": reply.store_bytes})
         except Exception as error:
             rows.append({"service": name, "address": address, "state": "unreachable",
                          "error": str(error)})
@@ -254,6 +254,9 @@ def status(
         table.add_row(*(str(row.get(c, "")) for c in ("service", "state", "step", "checkpoint",
                                                        "index", "phase", "progress")), metrics)
     console.print(table)
+    sizes = [row["store_bytes"] for row in rows if row.get("store_bytes", -1) >= 0]
+    if sizes:  # the trainer's and the indexer's last listings: the larger is the newer bound
+        console.print(f"store: {max(sizes) / 2**20:.1f} MiB of objects in run {run_id}")
     if not rows:
         err.print("no service of this run is registered (not started, or stopped)")
         raise typer.Exit(1)
@@ -343,7 +346,7 @@ def plan(
     partitions: Annotated[int, typer.Option(
         min=1, help="Indexer partitions (default: the config's index.partitions).")] = 1,
     embedding_dtype: Annotated[EmbeddingDtype, typer.Option(
-        help="Stored embedding values (inference.embedding_dtype).")] = EmbeddingDtype.float32,
+        help="Stored embedding values (inference.embedding_dtype).")] = EmbeddingDtype.float16,
     indexer_cpus: Annotated[int | None, typer.Option(
         min=1, help="Cores per indexer pod (default: those the index rates were measured "
                     "on); rates scale linearly.")] = None,

@@ -431,6 +431,13 @@ class InferenceConfig(_Strict):
                     "fp32. int8: dynamic quantisation of the Linear layers (CPU only). bf16 and "
                     "int8 are lossy: docs/benchmarks/performance.md measures their effect.",
     )
+    embedding_dtype: Literal["float32", "float16"] = Field(
+        "float16",
+        description="How embedding shards store their vectors. float16 halves shard storage "
+                    "and transfer; readers upcast to float32 for FAISS, and float32 shards "
+                    "still read. docs/benchmarks/embedding-dtype.md: no retrieval metric "
+                    "changes beyond noise.",
+    )
 
 
 class IvfConfig(_Strict):
@@ -523,6 +530,29 @@ class IndexConfig(_Strict):
         return self
 
 
+class StoreConfig(_Strict):
+    """Retention of the run's objects (:mod:`ance_train.protocol.retention`); None keeps all.
+
+    Only superseded objects are ever deleted, each by the one service that knows nobody reads
+    it any more: the indexer deletes a refresh's embeddings, negatives tables and any other
+    per-refresh object once the trainer has announced (``negatives.in_use``) that it will not
+    read them again; the trainer deletes checkpoints, never the newest complete one (resume),
+    the best by dev nDCG@10, the one the served index was built from, nor one whose refresh
+    is still in flight.
+    """
+
+    keep_refreshes: int | None = Field(
+        None, ge=1,
+        description="Per-refresh objects (embeddings, negatives tables, partial lists) of the "
+                    "newest N built refreshes are kept, and of any the trainer may still "
+                    "read; older ones are deleted. None: keep all.")
+    keep_checkpoints: int | None = Field(
+        None, ge=1,
+        description="The newest N complete checkpoints are kept, plus the best by dev "
+                    "nDCG@10, the served index's and those still being encoded. None: keep "
+                    "all.")
+
+
 class ServicesConfig(_Strict):
     """Ports of the gRPC endpoints in the embedded mode (0 = pick a free port)."""
 
@@ -580,6 +610,7 @@ class RunConfig(_Strict):
     negatives: NegativesConfig = Field(default_factory=NegativesConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     services: ServicesConfig = Field(default_factory=ServicesConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 

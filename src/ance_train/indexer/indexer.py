@@ -58,6 +58,7 @@ from ance_train.protocol.events import (
     ShardFailed,
 )
 from ance_train.protocol.partials import TopK, pack_partials, unpack_partials
+from ance_train.protocol.retention import RunRetention
 from ance_train.protocol.supersession import Superseded, next_to_build, superseded
 from ance_train.protocol.tables import TableId, TableKind
 from ance_train.protocol.work import RefreshPlan, ShardKind
@@ -125,6 +126,8 @@ class Indexer:
         self.tracking = (open_tracking(cfg, "indexer", ctx.store, ctx.work_dir)
                          if self.coordinator else Tracking([]))
         self.work_queue = WorkQueue(ctx.bus, ctx.config.inference.claim_timeout_s)
+        # store.keep_refreshes: the indexer alone deletes per-refresh objects (retention.py).
+        self.retention = RunRetention(ctx.bus, ctx.store, cfg.store.keep_refreshes, None)
 
     # -- event handling ---------------------------------------------------------------------
     def recover(self) -> None:
@@ -501,6 +504,15 @@ class Indexer:
             self.plans.pop(old, None)
             self.received.pop(old, None)
             self.published_at.pop(old, None)
+        self.retain()
+
+    def retain(self) -> None:
+        """After a refresh: delete superseded refreshes' objects, list the run's size."""
+        try:
+            self.retention.sweep_refreshes()
+            self.ctx.state.update(store_bytes=self.ctx.store.usage())
+        except (*REDIS_UNAVAILABLE, StorageError) as error:  # retried after the next refresh
+            self.ctx.log.warning("refresh retention / store size failed: %s", error)
 
     def _track(self, step: int, refresh_s: float | None, timings: dict, metrics: dict,
                diagnostics: dict) -> None:

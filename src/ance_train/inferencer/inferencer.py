@@ -66,7 +66,8 @@ class Inferencer:
         self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints",
                                  self.device,
                                  prepare=lambda m: prepare_model(m, self.precision, self.device))
-        self.uploader = ShardUploader(ctx.store, ctx.bus, self.queue, self._uploaded)
+        self.uploader = ShardUploader(ctx.store, ctx.bus, self.queue, self._uploaded,
+                                      cfg.inference.embedding_dtype)
         self.query_ids = query_order(ctx.dataset)
         self.max_tokens_per_batch = cfg.inference.max_tokens_per_batch or (
             CPU_MAX_TOKENS_PER_BATCH if self.device.type == "cpu" else None)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, WorkItem, WorkQueue
 from ance_train.infra.store import ObjectStore, StorageError
-from ance_train.protocol.embeddings import pack_embeddings
+from ance_train.protocol.embeddings import EmbeddingDtype, pack_embeddings
 from ance_train.protocol.events import ShardEncoded
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,10 @@ class EncodedShard:
 
 class ShardUploader:
     def __init__(self, store: ObjectStore, bus: EventBus, queue: WorkQueue,
-                 on_uploaded: Callable[[EncodedShard, float], None]) -> None:
+                 on_uploaded: Callable[[EncodedShard, float], None],
+                 dtype: EmbeddingDtype = "float16") -> None:
         self.store = store
+        self.dtype = dtype  # inference.embedding_dtype: what the shard stores
         self.bus = bus
         self.queue = queue
         self.on_uploaded = on_uploaded  # (shard, seconds spent on it in all) after the ack
@@ -70,7 +72,7 @@ class ShardUploader:
         started = time.monotonic()
         try:
             key = item.key
-            self.store.put_bytes(key, pack_embeddings(shard.ids, shard.vectors))
+            self.store.put_bytes(key, pack_embeddings(shard.ids, shard.vectors, self.dtype))
             timings["upload_s"] = time.monotonic() - started
             seconds = timings.get("load_s", 0.0) + timings.get("encode_s", 0.0) + timings[
                 "upload_s"]

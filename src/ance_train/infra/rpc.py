@@ -30,6 +30,7 @@ class ServiceState:
     total: int = 0
     state: str = "starting"
     message: str = ""
+    store_bytes: int = -1  # the run's store size at the service's last listing; -1: none yet
     metrics: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -48,6 +49,7 @@ class ServiceState:
                 checkpoint_step=self.checkpoint_step, index_step=self.index_step,
                 progress=ance_pb2.Progress(phase=self.phase, done=self.done, total=self.total),
                 metrics=dict(self.metrics), state=self.state, message=self.message,
+                store_bytes=self.store_bytes,
             )
 
 

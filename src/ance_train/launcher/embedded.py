@@ -28,10 +28,10 @@ from rich.table import Table
 from ance_train.config import RunConfig, dump_config
 from ance_train.data.validation import validate_dataset
 from ance_train.indexer.partitions import PARTITION_VAR
-from ance_train.infra.bus import EventBus, connect
+from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, connect
 from ance_train.infra.credentials import redis_password
 from ance_train.infra.rpc import fetch_status
-from ance_train.infra.store import LocalStore, ObjectStore, store_from_env
+from ance_train.infra.store import LocalStore, ObjectStore, StorageError, store_from_env
 from ance_train.launcher.ports import free_port
 from ance_train.launcher.process import die_with_parent
 from ance_train.launcher.redis_server import RedisServer
@@ -39,6 +39,7 @@ from ance_train.modeling.model import check_encoder
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
 from ance_train.protocol import keys
 from ance_train.protocol.events import EvalCompleted, RunFinished
+from ance_train.protocol.retention import RunRetention
 from ance_train.runtime import publish_dataset
 
 # Logs and CI are not terminals: keep the metrics table readable there too.
@@ -74,6 +75,7 @@ class RunResult:
     evaluations: list[dict] = field(default_factory=list)
     trainer_summary: dict = field(default_factory=dict)
     seconds: float = 0.0
+    store_bytes: int | None = None  # the run's objects once every service has stopped
 
 
 class EmbeddedRun:
@@ -282,7 +284,26 @@ class EmbeddedRun:
                 child.process.kill()
                 child.process.wait()
         if self.redis is not None:
-            self.redis.stop()
+            try:
+                self._retain()
+            except (*REDIS_UNAVAILABLE, StorageError) as error:  # never masks the run's end
+                console.print(f"[yellow]warning:[/] final store retention failed: {error}")
+            finally:
+                self.redis.stop()
+
+    def _retain(self) -> None:
+        """``store.keep_refreshes`` / ``keep_checkpoints`` once more, now that no service can
+        read anything: the services sweep after their own refreshes and checkpoints, so the
+        last ones (the final refresh, the final checkpoint) are only swept here. The rules are
+        the services' (protocol/retention.py), with the trainer's last announcement."""
+        store_cfg = self.config.store
+        if store_cfg.keep_refreshes is None and store_cfg.keep_checkpoints is None:
+            return
+        retention = RunRetention(EventBus(connect(self.redis_url), self.config.run_id),
+                                 self.store, store_cfg.keep_refreshes,
+                                 store_cfg.keep_checkpoints)
+        retention.sweep_refreshes()
+        retention.sweep_checkpoints()
 
     def _let_trainer_exit(self, timeout_s: float) -> None:
         """A finished trainer exits by itself moments after its last checkpoint: let it, rather
@@ -305,6 +326,7 @@ class EmbeddedRun:
             result = self.monitor()
         finally:
             self.stop()
+        result.store_bytes = self.store.usage()
         write_summary(self.run_dir, result)
         print_summary(result, self.run_dir)
         return result
@@ -368,7 +390,7 @@ def _metrics_line(entry: dict) -> str:
 def write_summary(run_dir: Path, result: RunResult) -> None:
     (run_dir / "summary.json").write_text(json.dumps({
         "seconds": result.seconds, "evaluations": result.evaluations,
-        "trainer": result.trainer_summary}, indent=2))
+        "store_bytes": result.store_bytes, "trainer": result.trainer_summary}, indent=2))
 
 
 def print_summary(result: RunResult, run_dir: Path) -> None:
@@ -384,5 +406,8 @@ def print_summary(result: RunResult, run_dir: Path) -> None:
         for split in last["metrics"]:
             console.print(f"{split} nDCG@10: zero-shot {first['metrics'][split]['ndcg@10']:.4f} "
                           f"→ final {last['metrics'][split]['ndcg@10']:.4f}")
+    if result.store_bytes is not None:
+        console.print(f"store: {result.store_bytes / 2**20:.1f} MiB (store.keep_refreshes, "
+                      "store.keep_checkpoints bound it)")
     console.print(f"checkpoints, negatives and metrics under {run_dir}")
     console.print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")

@@ -26,10 +26,9 @@ from ance_train.config import ConfigError, RunConfig, default_model_path, parse_
 from ance_train.infra.store import MANIFEST_NAME, ObjectNotFound, ObjectStore
 from ance_train.modeling.model import META_FILE
 from ance_train.protocol import keys
+from ance_train.protocol.retention import BEST_MEASURE, BEST_SPLIT
 from ance_train.trainer.training_state import STATE_JSON, STATE_TENSORS
 
-BEST_SPLIT = "dev"
-BEST_MEASURE = "ndcg@10"
 CONFIG_FILE = "ance_train_config.yaml"
 EVAL_FILE = "eval_results.json"
 # Measures of the eval reports as model-index metric types and display names.

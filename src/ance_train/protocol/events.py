@@ -14,6 +14,7 @@ repeat an event.
 | ``shard.failed`` | inferencer | an item was given up (its checkpoint cannot be read) |
 | ``partition.searched`` | indexer partition | its top-K lists of every query are stored |
 | ``negatives.ready`` | indexer | negatives tables are stored (BM25 at start, then per refresh) |
+| ``negatives.in_use`` | trainer | which refresh tables it may still read changed (retention) |
 | ``eval.completed`` | indexer | a refresh's metrics are stored |
 | ``run.finished`` | trainer | the last step is done |
 """
@@ -127,6 +128,27 @@ class NegativesReady(Event):
         return next((t for t in self.tables if t.kind is kind), None)
 
 
+class TablesInUse(Event):
+    """The trainer's promise about the refresh objects it may still read from the store.
+
+    Published (by rank 0) whenever it changes: after the feed swapped to a newer table, and
+    once a checkpoint is complete (a resumed trainer reloads the tables its newest complete
+    checkpoint held). The indexer deletes a refresh's objects only below ``needed_from``
+    (``store.keep_refreshes``; :mod:`ance_train.protocol.retention`), so a deletion never
+    races the trainer. ``needed_from`` only grows over a run, restarts included.
+    """
+
+    TYPE: ClassVar[str] = "negatives.in_use"
+
+    step: int = Field(ge=0)  # the trainer's step when it announced
+    tables: tuple[TableId, ...] = ()  # what the training loop samples from now
+    # The lowest refresh whose tables the trainer may still read: the minimum of the tables
+    # it holds and those its newest complete (or uploading) checkpoint holds; 0 while it
+    # waits for its first refresh table; None when it reads no refresh table at all (its
+    # strategies use none).
+    needed_from: int | None = Field(None, ge=0)
+
+
 class EvalCompleted(Event):
     TYPE: ClassVar[str] = "eval.completed"
 
@@ -145,9 +167,10 @@ class RunFinished(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls for cls in (CheckpointPublished, ShardEncoded, ShardFailed, PartitionSearched,
-                              NegativesReady, EvalCompleted, RunFinished)
+                              NegativesReady, TablesInUse, EvalCompleted, RunFinished)
 }
 
 
 __all__ = ["EVENT_TYPES", "CheckpointPublished", "EvalCompleted", "Event", "MalformedMessage",
-           "NegativesReady", "PartitionSearched", "RunFinished", "ShardEncoded", "ShardFailed"]
+           "NegativesReady", "PartitionSearched", "RunFinished", "ShardEncoded", "ShardFailed",
+           "TablesInUse"]

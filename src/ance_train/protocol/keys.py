@@ -40,9 +40,33 @@ def checkpoint_step(key: str) -> int | None:
     return None
 
 
+EMBEDDINGS = "embeddings"
+NEGATIVES = "negatives"
+# The families of per-refresh objects. Every object that belongs to the refresh of checkpoint
+# ``k`` (its embedding shards, negatives tables, index partitions or partial lists...) has a
+# key ``<family>/<k>`` followed by ``/``, ``.`` or ``-`` under one of these families, so that
+# :func:`refresh_step` finds its refresh and the store's retention
+# (:mod:`ance_train.protocol.retention`, ``store.keep_refreshes``) covers it by construction.
+# A new per-refresh object goes under one of them, or under a new family added here.
+PARTIALS = "partials"  # index partitions' top-K lists (index.partitions > 1)
+REFRESH_FAMILIES: tuple[str, ...] = (EMBEDDINGS, NEGATIVES, PARTIALS)
+
+
+def refresh_step(key: str) -> int | None:
+    """The refresh (checkpoint step) a per-refresh object belongs to, or None for any other
+    key (``negatives/bm25.npz``, checkpoints, eval reports, the dataset index...)."""
+    family, _, rest = key.partition("/")
+    if family not in REFRESH_FAMILIES:
+        return None
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    if digits == 0 or (digits < len(rest) and rest[digits] not in "/.-"):
+        return None
+    return int(rest[:digits])
+
+
 def embeddings(step: int) -> str:
     """The prefix of every embedding shard of checkpoint ``step``."""
-    return f"embeddings/{int(step)}"
+    return f"{EMBEDDINGS}/{int(step)}"
 
 
 def embedding_shard(step: int, kind: ShardKind | str, shard: int) -> str:
@@ -51,14 +75,14 @@ def embedding_shard(step: int, kind: ShardKind | str, shard: int) -> str:
 
 def negatives_table(table: TableId) -> str:
     """``negatives/bm25.npz``, ``negatives/<k>.npz`` (ANN) or ``negatives/<k>-dual.npz``."""
-    return f"negatives/{table.name}.npz"
+    return f"{NEGATIVES}/{table.name}.npz"
 
 
 def partial_results(step: int, partition: int, partitions: int) -> str:
     """Index partition ``partition``'s local top-K lists of every query of checkpoint ``step``
     (``index.partitions`` > 1); the number of partitions is in the key, so lists cut for
     another partitioning are never merged with these."""
-    return f"partials/{int(step)}/partition-{int(partition)}-of-{int(partitions)}.npz"
+    return f"{PARTIALS}/{int(step)}/partition-{int(partition)}-of-{int(partitions)}.npz"
 
 
 EVAL_REPORTS = "eval"

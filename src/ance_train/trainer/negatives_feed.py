@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus
 from ance_train.infra.store import ObjectStore, StorageError
 from ance_train.negatives.table import NegativesTable
-from ance_train.protocol.events import NegativesReady
+from ance_train.protocol.events import NegativesReady, TablesInUse
 from ance_train.protocol.tables import TableId, TableKind
 from ance_train.trainer.training_state import NegativesInUse
 
@@ -30,8 +30,9 @@ class NegativesFeed:
     GROUP = "trainer"
 
     def __init__(self, bus: EventBus, store: ObjectStore, instance: str,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, on_swap: Callable[[], None] = lambda: None) -> None:
         self.bus = bus
+        self.on_swap = on_swap  # after a table is swapped in (announces negatives.in_use)
         self.store = store
         self.instance = instance
         self.stop = stop
@@ -120,3 +121,72 @@ class NegativesFeed:
             setattr(self, kind.value, table)  # one swap, read by the loop at its next batch
             self._arrived.notify_all()
         log.info("%s negatives of step %d ready (%d rows)", kind, table.step, len(table))
+        self.on_swap()
+
+    def held(self) -> tuple[TableId, ...]:
+        """The refresh tables (ANN, DANCE) held now: what the loop samples from."""
+        return tuple(TableId(kind=kind, step=table.step) for kind, table in
+                     ((TableKind.ANN, self.ann), (TableKind.DUAL, self.dual))
+                     if table is not None)
+
+
+class TablesAnnouncer:
+    """Announces ``negatives.in_use``: the lowest refresh whose tables the trainer may still
+    read from the store (:mod:`ance_train.protocol.retention` deletes only below it).
+
+    The trainer reads a refresh table from the store when the feed loads a newer one and when
+    a restarted trainer reloads the tables of its newest complete checkpoint. So the floor is
+    the minimum of the tables the feed holds and those held by the newest complete checkpoint
+    and by any checkpoint still uploading (which becomes the newest complete one). A trainer
+    whose strategies read refresh tables and that holds none yet needs every refresh (0).
+    Called from the feed thread, the loop and the publisher thread; publishes only changes.
+    """
+
+    def __init__(self, bus: EventBus, feed: NegativesFeed, reads_refresh_tables: bool,
+                 step: Callable[[], int]) -> None:
+        self.bus = bus
+        self.feed = feed
+        self.reads_refresh_tables = reads_refresh_tables
+        self.step = step
+        self._checkpoints: dict[int, int | None] = {}  # step → lowest refresh table it holds
+        self._lock = threading.Lock()
+        self._last: tuple | None = None
+
+    def checkpoint_saved(self, step: int, held: tuple[int | None, ...]) -> None:
+        """A checkpoint holding tables of refreshes ``held`` is saved (not yet complete)."""
+        steps = [s for s in held if s is not None]
+        with self._lock:
+            self._checkpoints[step] = min(steps) if steps else None
+        self.announce()
+
+    def checkpoint_complete(self, step: int) -> None:
+        """Checkpoint ``step`` is in the store: older ones are no longer resumed from."""
+        with self._lock:
+            for older in [s for s in self._checkpoints if s < step]:
+                del self._checkpoints[older]
+        self.announce()
+
+    def announce(self) -> None:
+        """Publish the floor if it changed. Redis down: logged, and the next call retries
+        (a stale floor is only lower, so nothing is deleted too early)."""
+        with self._lock:
+            tables = self.feed.held()
+            needed = self._needed_from(tables)
+            if self._last == (tables, needed):
+                return
+            try:
+                self.bus.publish(TablesInUse(step=self.step(), tables=tables,
+                                             needed_from=needed))
+            except REDIS_UNAVAILABLE as error:
+                log.warning("announcing negatives.in_use failed (retried later): %s", error)
+                return
+            self._last = (tables, needed)
+        log.info("negatives in use %s; refreshes from %s may still be read",
+                 [str(t) for t in tables] or "none", needed)
+
+    def _needed_from(self, tables: tuple[TableId, ...]) -> int | None:
+        held = [v for v in self._checkpoints.values() if v is not None]
+        held += [t.step for t in tables if t.step is not None]
+        if held:
+            return min(held)
+        return 0 if self.reads_refresh_tables else None

@@ -35,7 +35,8 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from ance_train.config import dump_config
-from ance_train.infra.bus import WorkQueue
+from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkQueue
+from ance_train.infra.store import StorageError
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.modeling.precision import autocast_context
 from ance_train.negatives.strategies.random import RandomNegatives
@@ -43,6 +44,7 @@ from ance_train.observability.telemetry import TrainerTelemetry
 from ance_train.observability.tracking import Tracking, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
+from ance_train.protocol.retention import RunRetention
 from ance_train.runtime import ServiceContext
 from ance_train.trainer.batches import BatchBuilder, TrainingBatch
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
@@ -54,7 +56,7 @@ from ance_train.trainer.distributed import (
 )
 from ance_train.trainer.loss import layer_grad_norms
 from ance_train.trainer.negative_sources import NegativesPicker
-from ance_train.trainer.negatives_feed import NegativesFeed
+from ance_train.trainer.negatives_feed import NegativesFeed, TablesAnnouncer
 from ance_train.trainer.prefetch import BatchPreparer, PlannedBatch, StepInputs
 from ance_train.trainer.step import PairEncoder, backward_step, data_parallel
 from ance_train.trainer.training_state import (
@@ -134,11 +136,19 @@ class Trainer:
         self.batches = BatchBuilder(ctx.dataset, cfg.training.batch_size,
                                     cfg.negatives.per_query,
                                     cfg.training.in_batch_negatives, cfg.training.seed)
-        self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop)
+        self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop,
+                                  on_swap=lambda: self.tables.announce())
         self.picker = NegativesPicker(
             cfg.negatives, self.feed,
             RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
         self.dance = cfg.negatives.strategy("dance")  # DANCE's dual loss (off at weight 0)
+        # negatives.in_use: which refresh objects the indexer must keep for this trainer.
+        self.tables = TablesAnnouncer(ctx.bus, self.feed,
+                                      cfg.negatives.mines_ann or self.dance.enabled,
+                                      lambda: self.step)
+        # store.keep_checkpoints: the trainer alone deletes checkpoints (protocol/retention).
+        self.retention = RunRetention(ctx.bus, ctx.store, None, cfg.store.keep_checkpoints)
+        self.store_bytes: int | None = None  # the run's store size at the last checkpoint
         self.record = TrainingRecord()
         self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps, self.dist.world_size)
         # Rank 0 alone reports, as it alone checkpoints and writes the summary.
@@ -190,8 +200,11 @@ class Trainer:
         if self._resume_state is None:
             self._checkpoint(0)
         else:
+            held = self._resume_state.negatives
+            self.tables.checkpoint_saved(self.step, (held.ann, held.dual))
             self.publisher.ensure_announced(self.step)
-            self.feed.restore(self._resume_state.negatives)
+            self.feed.restore(held)
+        self.tables.announce()
         self.feed.start()
         if self.picker.needs_wait():
             ctx.state.update(phase="waiting for first negatives")
@@ -249,6 +262,10 @@ class Trainer:
         self.publisher.flush()
         self.publisher.close()
         finished = self.step >= cfg.training.steps
+        try:
+            self._update_store_bytes()
+        except StorageError as error:  # the summary keeps the last size listed
+            ctx.log.warning("listing the store's size failed: %s", error)
         ctx.store.put_json(keys.TRAINER_SUMMARY, self.summary(finished))
         if finished:
             ctx.bus.publish(RunFinished(step=self.step))
@@ -409,6 +426,7 @@ class Trainer:
                 bm25=feed.bm25 is not None, in_use=self.in_use_step),
             record=asdict(self.record),
             lookahead=None if lookahead is None else lookahead.state_dict())
+        self.tables.checkpoint_saved(step, (state.negatives.ann, state.negatives.dual))
         directory = self.publisher.save(step, self.model, self.tokenizer, state)
         self.publisher.publish_async(step, directory).add_done_callback(
             functools.partial(self._published, step))
@@ -416,8 +434,22 @@ class Trainer:
         self.tracking.flush()
 
     def _published(self, step: int, upload: Future) -> None:
-        if upload.exception() is None:  # a failed upload surfaces in publisher.flush()
-            self.telemetry.checkpoint_published(step)
+        """On the publisher thread, once checkpoint ``step`` is stored and announced."""
+        if upload.exception() is not None:  # a failed upload surfaces in publisher.flush()
+            return
+        self.telemetry.checkpoint_published(step)
+        self.tables.checkpoint_complete(step)
+        try:
+            self.retention.sweep_checkpoints()  # store.keep_checkpoints
+            self._update_store_bytes()
+        except (*REDIS_UNAVAILABLE, StorageError) as error:  # retried at the next checkpoint
+            self.ctx.log.warning("checkpoint retention / store size failed: %s", error)
+
+    def _update_store_bytes(self) -> None:
+        """The run's store size (one listing, at each checkpoint: Status and the summary
+        read this cached value, never the store)."""
+        self.store_bytes = self.ctx.store.usage()
+        self.ctx.state.update(store_bytes=self.store_bytes)
 
     def summary(self, finished: bool) -> dict:
         rec = self.record
@@ -438,6 +470,9 @@ class Trainer:
             "prepare_ms": rec.prepare_ms,
             "prepare_wait_ms": rec.prepare_wait_ms,
             "wait_before_first_s": rec.wait_before_first_s,
+            # Bytes of the run's objects when the trainer finished (the final refresh is
+            # still to come; the launcher's summary.json has the size at the very end).
+            "store_bytes": self.store_bytes,
             # Everything the loop spent obtaining negatives once the first table was in use:
             # the feed never blocks, so this is only sampling time (ANCE Table 5: 72 ms/batch).
             "negatives_s_after_first": self._negatives_seconds_after_first(),

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61nce/v1/ance.proto\x12\x07\x61nce.v1\"\x0f\n\rStatusRequest\"6\n\x08Progress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\"\xa1\x02\n\x0bStatusReply\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08instance\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x17\n\x0f\x63heckpoint_step\x18\x05 \x01(\x03\x12\x12\n\nindex_step\x18\x06 \x01(\x03\x12#\n\x08progress\x18\x07 \x01(\x0b\x32\x11.ance.v1.Progress\x12\x32\n\x07metrics\x18\x08 \x03(\x0b\x32!.ance.v1.StatusReply.MetricsEntry\x12\r\n\x05state\x18\t \x01(\t\x12\x0f\n\x07message\x18\n \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"S\n\rSearchRequest\x12\x0f\n\x07queries\x18\x01 \x03(\t\x12&\n\nembeddings\x18\x02 \x03(\x0b\x32\x12.ance.v1.Embedding\x12\t\n\x01k\x18\x03 \x01(\x05\"$\n\x03Hit\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"\"\n\x04Hits\x12\x1a\n\x04hits\x18\x01 \x03(\x0b\x32\x0c.ance.v1.Hit\"A\n\x0bSearchReply\x12\x12\n\nindex_step\x18\x01 \x01(\x03\x12\x1e\n\x07results\x18\x02 \x03(\x0b\x32\r.ance.v1.Hits2A\n\x07\x43ontrol\x12\x36\n\x06Status\x12\x16.ance.v1.StatusRequest\x1a\x14.ance.v1.StatusReply2C\n\tRetrieval\x12\x36\n\x06Search\x12\x16.ance.v1.SearchRequest\x1a\x14.ance.v1.SearchReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x61nce/v1/ance.proto\x12\x07\x61nce.v1\"\x0f\n\rStatusRequest\"6\n\x08Progress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\"\xb6\x02\n\x0bStatusReply\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08instance\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x17\n\x0f\x63heckpoint_step\x18\x05 \x01(\x03\x12\x12\n\nindex_step\x18\x06 \x01(\x03\x12#\n\x08progress\x18\x07 \x01(\x0b\x32\x11.ance.v1.Progress\x12\x32\n\x07metrics\x18\x08 \x03(\x0b\x32!.ance.v1.StatusReply.MetricsEntry\x12\r\n\x05state\x18\t \x01(\t\x12\x0f\n\x07message\x18\n \x01(\t\x12\x13\n\x0bstore_bytes\x18\x0b \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"S\n\rSearchRequest\x12\x0f\n\x07queries\x18\x01 \x03(\t\x12&\n\nembeddings\x18\x02 \x03(\x0b\x32\x12.ance.v1.Embedding\x12\t\n\x01k\x18\x03 \x01(\x05\"$\n\x03Hit\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"\"\n\x04Hits\x12\x1a\n\x04hits\x18\x01 \x03(\x0b\x32\x0c.ance.v1.Hit\"A\n\x0bSearchReply\x12\x12\n\nindex_step\x18\x01 \x01(\x03\x12\x1e\n\x07results\x18\x02 \x03(\x0b\x32\r.ance.v1.Hits2A\n\x07\x43ontrol\x12\x36\n\x06Status\x12\x16.ance.v1.StatusRequest\x1a\x14.ance.v1.StatusReply2C\n\tRetrieval\x12\x36\n\x06Search\x12\x16.ance.v1.SearchRequest\x1a\x14.ance.v1.SearchReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,21 +38,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROGRESS']._serialized_start=48
   _globals['_PROGRESS']._serialized_end=102
   _globals['_STATUSREPLY']._serialized_start=105
-  _globals['_STATUSREPLY']._serialized_end=394
-  _globals['_STATUSREPLY_METRICSENTRY']._serialized_start=348
-  _globals['_STATUSREPLY_METRICSENTRY']._serialized_end=394
-  _globals['_EMBEDDING']._serialized_start=396
-  _globals['_EMBEDDING']._serialized_end=423
-  _globals['_SEARCHREQUEST']._serialized_start=425
-  _globals['_SEARCHREQUEST']._serialized_end=508
-  _globals['_HIT']._serialized_start=510
-  _globals['_HIT']._serialized_end=546
-  _globals['_HITS']._serialized_start=548
-  _globals['_HITS']._serialized_end=582
-  _globals['_SEARCHREPLY']._serialized_start=584
-  _globals['_SEARCHREPLY']._serialized_end=649
-  _globals['_CONTROL']._serialized_start=651
-  _globals['_CONTROL']._serialized_end=716
-  _globals['_RETRIEVAL']._serialized_start=718
-  _globals['_RETRIEVAL']._serialized_end=785
+  _globals['_STATUSREPLY']._serialized_end=415
+  _globals['_STATUSREPLY_METRICSENTRY']._serialized_start=369
+  _globals['_STATUSREPLY_METRICSENTRY']._serialized_end=415
+  _globals['_EMBEDDING']._serialized_start=417
+  _globals['_EMBEDDING']._serialized_end=444
+  _globals['_SEARCHREQUEST']._serialized_start=446
+  _globals['_SEARCHREQUEST']._serialized_end=529
+  _globals['_HIT']._serialized_start=531
+  _globals['_HIT']._serialized_end=567
+  _globals['_HITS']._serialized_start=569
+  _globals['_HITS']._serialized_end=603
+  _globals['_SEARCHREPLY']._serialized_start=605
+  _globals['_SEARCHREPLY']._serialized_end=670
+  _globals['_CONTROL']._serialized_start=672
+  _globals['_CONTROL']._serialized_end=737
+  _globals['_RETRIEVAL']._serialized_start=739
+  _globals['_RETRIEVAL']._serialized_end=806
 # @@protoc_insertion_point(module_scope)

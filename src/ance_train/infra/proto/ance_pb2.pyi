@@ -21,7 +21,7 @@ class Progress(_message.Message):
     def __init__(self, phase: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("role", "run_id", "instance", "step", "checkpoint_step", "index_step", "progress", "metrics", "state", "message")
+    __slots__ = ("role", "run_id", "instance", "step", "checkpoint_step", "index_step", "progress", "metrics", "state", "message", "store_bytes")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class StatusReply(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
     role: str
     run_id: str
     instance: str
@@ -49,7 +50,8 @@ class StatusReply(_message.Message):
     metrics: _containers.ScalarMap[str, float]
     state: str
     message: str
-    def __init__(self, role: _Optional[str] = ..., run_id: _Optional[str] = ..., instance: _Optional[str] = ..., step: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., index_step: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., state: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    store_bytes: int
+    def __init__(self, role: _Optional[str] = ..., run_id: _Optional[str] = ..., instance: _Optional[str] = ..., step: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., index_step: _Optional[int] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., state: _Optional[str] = ..., message: _Optional[str] = ..., store_bytes: _Optional[int] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values",)

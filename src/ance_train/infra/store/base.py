@@ -186,8 +186,17 @@ class ObjectStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """Bytes of every object under ``prefix`` (as :meth:`list` selects them), by key: one
+        listing (S3 LIST carries each size; locally one stat per file), no object read."""
+
+    @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Delete the object (no error if it does not exist)."""
+
+    def usage(self, prefix: str = "") -> int:
+        """Total bytes of the objects under ``prefix`` (``""``: the whole run)."""
+        return sum(self.sizes(prefix).values())
 
     # ---- derived operations
 

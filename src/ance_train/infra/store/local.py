@@ -122,11 +122,16 @@ class LocalStore(ObjectStore):
 
     def list(self, prefix: str = "") -> list[str]:
         """Sorted keys under ``prefix`` (sidecars, temp files and incomplete objects skipped)."""
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """Bytes of each complete object under ``prefix`` (its data file; sidecars are the
+        backend's bookkeeping, as S3's metadata is)."""
         prefix = _validate_prefix(prefix)
         base = self._run_dir / prefix if prefix else self._run_dir
         if not base.is_dir():
-            return []
-        keys: list[str] = []
+            return {}
+        sizes: dict[str, int] = {}
         for dirpath, _dirnames, filenames in os.walk(base):
             names = set(filenames)
             for name in filenames:
@@ -134,9 +139,13 @@ class LocalStore(ObjectStore):
                     continue
                 if name + SIDECAR_SUFFIX not in names:
                     continue  # incomplete write
-                rel = Path(dirpath, name).relative_to(self._run_dir).as_posix()
-                keys.append(rel)
-        return sorted(keys)
+                path = Path(dirpath, name)
+                try:
+                    size = path.stat().st_size
+                except FileNotFoundError:  # deleted since the walk saw it
+                    continue
+                sizes[path.relative_to(self._run_dir).as_posix()] = size
+        return sizes
 
     def delete(self, key: str) -> None:
         """Remove the sidecar (the object disappears), then the data file."""
@@ -145,3 +154,12 @@ class LocalStore(ObjectStore):
             self._sidecar(path).unlink(missing_ok=True)
             if path.is_file() or path.is_symlink():
                 path.unlink(missing_ok=True)
+        # Directories left empty go too (a deleted refresh leaves no ``embeddings/<k>/``);
+        # one a concurrent writer has just filled is not empty and stays.
+        parent = path.parent
+        while parent != self._run_dir and self._run_dir in parent.parents:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent

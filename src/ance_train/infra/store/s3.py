@@ -305,21 +305,25 @@ class S3Store(ObjectStore):
 
     def list(self, prefix: str = "") -> list[str]:
         """Sorted run-relative keys under ``prefix`` (recursive)."""
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """Bytes of each object under ``prefix``, from the LIST replies (no HEAD per key)."""
         prefix = _validate_prefix(prefix)
         base = f"{self._run_id}/{prefix}/" if prefix else f"{self._run_id}/"
 
-        def op() -> list[str]:
-            out = []
+        def op() -> dict[str, int]:
+            out = {}
             for obj in self._client.list_objects(self._bucket, prefix=base, recursive=True):
                 name = obj.object_name or ""
                 if name.startswith(base) and not name.endswith("/"):
-                    out.append(name[len(self._run_id) + 1 :])
+                    out[name[len(self._run_id) + 1 :]] = int(obj.size or 0)
             return out
 
         try:
-            return sorted(self._call(f"list {base!r}", op))
+            return self._call(f"list {base!r}", op)
         except ObjectNotFound:
-            return []
+            return {}
 
     def delete(self, key: str) -> None:
         """Delete the object (S3 DELETE is idempotent)."""

@@ -1,0 +1,234 @@
+"""What the store keeps and what it may delete (``store.keep_refreshes`` / ``keep_checkpoints``).
+
+A run writes, per refresh, embedding shards and negatives tables (and whatever else lives
+under a family of :data:`ance_train.protocol.keys.REFRESH_FAMILIES`), and a checkpoint per
+``refresh_every`` steps; without retention its store grows linearly with the run. Deleting
+is safe only when no reader can still want the object, and each object has one service
+that knows that, so each service deletes only its own kind:
+
+* **Per-refresh objects — the indexer**, after each refresh it builds (and the embedded
+  launcher once more when every service has stopped). Refresh ``s`` goes when
+
+  1. ``s`` is not one of the newest ``keep_refreshes`` built refreshes and is older than
+     the newest (so a newer ``negatives.ready`` / ``eval.completed`` is out and no build
+     needs ``s``: the indexer builds only checkpoints newer than the last one it built; an
+     ``s`` that was encoded but superseded before its build goes too), and
+  2. the trainer has announced ``negatives.in_use`` with ``needed_from > s`` (or
+     ``needed_from`` None: it reads no refresh table), or ``run.finished``. Until the first
+     announcement nothing goes. ``needed_from`` covers the table the loop samples from
+     *and* the tables of the trainer's newest complete checkpoint, which a restarted trainer
+     reloads — so a trainer still on table k keeps k, and every newer one, however many
+     refreshes are ready.
+
+  The key families are matched by prefix and step (:func:`~ance_train.protocol.keys.
+  refresh_step`), not by listing known file names, so per-refresh objects added later are
+  covered by construction. ``negatives/bm25.npz`` and ``eval/<k>.json`` are not per-refresh
+  objects: they are kept.
+
+* **Checkpoints — the trainer**, after each checkpoint upload (and the launcher at the end).
+  A complete checkpoint goes unless it is one of the newest ``keep_checkpoints`` complete
+  ones (the newest is what a restarted trainer resumes from), the best by dev nDCG@10 (what
+  ``ance-train export --checkpoint best`` picks), the newest evaluated one (the indexer's
+  Search encodes queries with it), or newer than the newest evaluated one (its refresh may
+  be in flight: inferencers load it). A checkpoint's ``MANIFEST.json`` is deleted first, so
+  nobody takes a half-deleted checkpoint for a complete one.
+
+``None`` keeps everything (nothing is even listed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ance_train.protocol import keys
+from ance_train.protocol.events import EvalCompleted, NegativesReady, RunFinished, TablesInUse
+
+if TYPE_CHECKING:
+    from ance_train.infra.bus import EventBus
+    from ance_train.infra.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+# How "best" is chosen, here and by `ance-train export --checkpoint best`: never on test.
+BEST_SPLIT = "dev"
+BEST_MEASURE = "ndcg@10"
+MANIFEST = "MANIFEST.json"
+
+
+class _Unknown:
+    """The trainer has not announced ``negatives.in_use`` yet: delete no refresh."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = _Unknown()
+TrainerFloor = int | None | _Unknown
+
+
+def refresh_keys_to_delete(stored: Iterable[str], built: Iterable[int], keep: int | None,
+                           trainer_needs_from: TrainerFloor) -> list[str]:
+    """The per-refresh keys among ``stored`` that may go (rules in the module docstring).
+
+    ``built``: the refreshes the indexer built (``negatives.ready`` / ``eval.completed``);
+    ``trainer_needs_from``: the last ``negatives.in_use``'s ``needed_from``, None after
+    ``run.finished``, :data:`UNKNOWN` before any announcement.
+    """
+    if keep is None or isinstance(trainer_needs_from, _Unknown):
+        return []
+    newest = sorted(set(built))[-keep:]
+    if not newest:
+        return []
+    below = newest[-1] if trainer_needs_from is None else min(newest[-1], trainer_needs_from)
+    return sorted(key for key in stored
+                  if (step := keys.refresh_step(key)) is not None and step < below
+                  and step not in newest)
+
+
+def best_checkpoint(metrics: Mapping[int, Mapping[str, Mapping[str, float]]]) -> int | None:
+    """The step with the highest dev nDCG@10 (the later one on a tie), None without any."""
+    scored = [(values[BEST_SPLIT][BEST_MEASURE], step) for step, values in metrics.items()
+              if BEST_MEASURE in values.get(BEST_SPLIT, {})]
+    return max(scored)[1] if scored else None
+
+
+def complete_checkpoints(stored: Iterable[str]) -> list[int]:
+    """Steps of the checkpoints whose MANIFEST (written last) is among ``stored``."""
+    steps = {keys.checkpoint_step(key) for key in stored
+             if key.endswith(f"/{MANIFEST}") and key.count("/") == 2}
+    return sorted(step for step in steps if step is not None)
+
+
+def checkpoints_to_delete(stored: Iterable[str], keep: int | None,
+                          evaluated: Mapping[int, Mapping[str, Mapping[str, float]]]
+                          ) -> list[int]:
+    """The complete checkpoints that may go (rules in the module docstring).
+
+    ``stored``: the keys under ``checkpoints/``; ``evaluated``: the metrics of every
+    ``eval.completed`` by step (split → measure → value).
+    """
+    if keep is None:
+        return []
+    complete = complete_checkpoints(stored)
+    protected = set(complete[-keep:])
+    if not evaluated:
+        return []  # every checkpoint's refresh may still be in flight
+    newest_evaluated = max(evaluated)
+    protected.add(newest_evaluated)
+    best = best_checkpoint(evaluated)
+    if best is not None:
+        protected.add(best)
+    return [step for step in complete if step < newest_evaluated and step not in protected]
+
+
+@dataclass
+class Sweep:
+    """What one pass deleted (for the log, the tests and the store size)."""
+
+    keys: list[str]
+    bytes: int
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+
+def delete_refreshes(store: ObjectStore, built: Iterable[int], keep: int | None,
+                     trainer_needs_from: TrainerFloor) -> Sweep:
+    """Delete the superseded per-refresh objects of ``store``."""
+    if keep is None or isinstance(trainer_needs_from, _Unknown):
+        return Sweep([], 0)
+    sizes: dict[str, int] = {}
+    for family in keys.REFRESH_FAMILIES:
+        sizes.update(store.sizes(family))
+    doomed = refresh_keys_to_delete(sizes, built, keep, trainer_needs_from)
+    for key in doomed:
+        store.delete(key)
+    if doomed:
+        log.info("retention: deleted %d objects of refreshes %s (%d bytes)", len(doomed),
+                 sorted({keys.refresh_step(k) for k in doomed}), sum(sizes[k] for k in doomed))
+    return Sweep(doomed, sum(sizes[k] for k in doomed))
+
+
+def delete_checkpoints(store: ObjectStore, keep: int | None,
+                       evaluated: Mapping[int, Mapping[str, Mapping[str, float]]]) -> Sweep:
+    """Delete the superseded checkpoints of ``store``: each one's MANIFEST first."""
+    if keep is None:
+        return Sweep([], 0)
+    sizes = store.sizes(keys.CHECKPOINTS)
+    steps = checkpoints_to_delete(sizes, keep, evaluated)
+    doomed: list[str] = []
+    for step in steps:
+        prefix = keys.checkpoint(step) + "/"
+        manifest = f"{prefix}{MANIFEST}"
+        rest = sorted(k for k in sizes if k.startswith(prefix) and k != manifest)
+        for key in [manifest, *rest]:
+            store.delete(key)
+        doomed += [manifest, *rest]
+    if doomed:
+        log.info("retention: deleted checkpoints %s (%d bytes)", steps,
+                 sum(sizes.get(k, 0) for k in doomed))
+    return Sweep(doomed, sum(sizes.get(k, 0) for k in doomed))
+
+
+class RunRetention:
+    """The rules applied to one run: what they need is read from the run's streams,
+    incrementally (a cursor per stream), so a sweep costs one listing of the run's
+    per-refresh (or checkpoint) keys plus the events since the last sweep.
+
+    The indexer calls :meth:`sweep_refreshes` after each refresh, the trainer
+    :meth:`sweep_checkpoints` after each checkpoint, the embedded launcher both once its
+    services have stopped.
+    """
+
+    def __init__(self, bus: EventBus, store: ObjectStore, keep_refreshes: int | None,
+                 keep_checkpoints: int | None) -> None:
+        self.bus = bus
+        self.store = store
+        self.keep_refreshes = keep_refreshes
+        self.keep_checkpoints = keep_checkpoints
+        self.built: set[int] = set()
+        self.evaluated: dict[int, dict[str, dict[str, float]]] = {}
+        self.trainer_needs_from: TrainerFloor = UNKNOWN
+        self.finished = False
+        self._cursors: dict[type, str] = {}
+
+    def _read(self, event_type: type) -> list:
+        out = []
+        while True:
+            batch = self.bus.read_all(event_type, after=self._cursors.get(event_type, "0"),
+                                      count=500)
+            if not batch:
+                return out
+            self._cursors[event_type] = batch[-1].entry_id
+            out += [received.event for received in batch]
+
+    def refresh(self) -> None:
+        """Take in the events published since the last call."""
+        for ready in self._read(NegativesReady):
+            if ready.step is not None:
+                self.built.add(ready.step)
+        for done in self._read(EvalCompleted):
+            self.built.add(done.step)
+            self.evaluated[done.step] = done.metrics
+        for in_use in self._read(TablesInUse):
+            self.trainer_needs_from = in_use.needed_from
+        if self._read(RunFinished):
+            self.finished = True
+        if self.finished:
+            self.trainer_needs_from = None  # a finished trainer reads nothing more
+
+    def sweep_refreshes(self) -> Sweep:
+        if self.keep_refreshes is None:
+            return Sweep([], 0)
+        self.refresh()
+        return delete_refreshes(self.store, self.built, self.keep_refreshes,
+                                self.trainer_needs_from)
+
+    def sweep_checkpoints(self) -> Sweep:
+        if self.keep_checkpoints is None:
+            return Sweep([], 0)
+        self.refresh()
+        return delete_checkpoints(self.store, self.keep_checkpoints, self.evaluated)
