@@ -122,7 +122,8 @@ class Trainer:
         self.batches = BatchBuilder(ctx.dataset, cfg.training.batch_size,
                                     cfg.negatives.per_query,
                                     cfg.training.in_batch_negatives, cfg.training.seed)
-        self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop)
+        self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop,
+                                  cache_dir=ctx.work_dir)  # tables under negatives/
         self.picker = NegativesPicker(
             cfg.negatives, self.feed,
             RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
