@@ -61,13 +61,27 @@ def drop_near_positive(candidates: np.ndarray, sims: np.ndarray, positive_sims: 
 def align_rows(previous: NegativesTable, query_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """The previous table's candidates/probabilities re-ordered to ``query_ids`` (PAD if absent)."""
     old = previous.rows_of(query_ids)
-    present = old >= 0
+    absent = old < 0
     width = previous.candidates.shape[1]
-    candidates = np.full((len(query_ids), width), PAD, dtype=np.int64)
-    probabilities = np.zeros((len(query_ids), width), dtype=np.float32)
-    candidates[present] = previous.candidates[old[present]]
-    probabilities[present] = previous.probabilities[old[present]]
+    candidates = np.empty((len(query_ids), width), dtype=np.int64)
+    probabilities = np.empty((len(query_ids), width), dtype=np.float32)
+    if len(previous):
+        _gather(previous.candidates, old, candidates)
+        _gather(previous.probabilities, old, probabilities)
+    else:
+        absent[:] = True
+    candidates[absent] = PAD
+    probabilities[absent] = 0
     return candidates, probabilities
+
+
+def _gather(source: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = source[rows]`` (rows clipped into range), without a temporary copy when
+    the dtypes agree."""
+    if source.dtype == out.dtype:
+        np.take(source, rows, axis=0, out=out, mode="clip")
+    else:
+        out[:] = source[np.clip(rows, 0, len(source) - 1)]
 
 
 def first_seen(candidates: np.ndarray, step: int, previous: NegativesTable | None,

@@ -77,14 +77,15 @@ class Positives:
             out[filled] = self.indices[(starts[:, None] + columns[None, :])[filled]]
         return out
 
-    def transpose(self, num_columns: int | None = None) -> Positives:
-        """Document → the rows that have it as a positive (rows numbered as here)."""
+    def owners(self) -> tuple[np.ndarray, Positives]:
+        """Every document some row holds, ascending, and per document (same order) the
+        rows that hold it, ascending: the transpose, without a row per absent document."""
         row_of = np.repeat(np.arange(len(self), dtype=np.int64), self.counts)
-        size = int(self.indices.max(initial=-1)) + 1 if num_columns is None else num_columns
-        order = np.argsort(self.indices, kind="stable")  # rows stay ascending per document
-        indptr = np.zeros(size + 1, dtype=np.int64)
-        np.cumsum(np.bincount(self.indices, minlength=size), out=indptr[1:])
-        return Positives(indptr=indptr, indices=row_of[order])
+        order = np.lexsort((row_of, self.indices))
+        docs, counts = np.unique(self.indices[order], return_counts=True)
+        indptr = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        return docs, Positives(indptr=indptr, indices=row_of[order])
 
     def take(self, rows: np.ndarray) -> Positives:
         """The rows ``rows`` (in that order) as a CSR of their own."""

@@ -60,10 +60,11 @@ def dual_query_negatives(
     """Negative queries of each positive document (Eq. 10's Q⁻_ANN): the training queries
     nearest to it, minus the queries for which it is a positive. Rows are keyed by the
     document index (as a string); candidate ``c`` is the query ``query_ids[c]``, which the
-    table carries (``candidate_query_ids``). ``owners``: document → training-query rows that
-    have it as a positive (a CSR indexed by document, or a mapping)."""
+    table carries (``candidate_query_ids``). ``owners``: the training-query rows that have
+    each document as a positive, as a mapping document → rows, or as a CSR whose row ``i``
+    belongs to ``positive_docs[i]``."""
     docs = np.asarray(positive_docs, dtype=np.int64)
-    excluded = (owners.take(docs) if isinstance(owners, Positives)
+    excluded = (owners if isinstance(owners, Positives)
                 else Positives.from_rows([owners.get(int(d), set()) for d in docs]))
     kept, kept_scores = remove_positives(ranked_queries, scores, excluded, top_k)
     return NegativesTable(
@@ -89,8 +90,7 @@ def mine_dual(step: int, config: NegativesConfig, dataset: DatasetIndex, train_i
     top_k = config.dance.top_k
     if positives is None:
         positives = positives_csr(dataset, train_ids)
-    owners = positives.transpose()
-    docs = np.flatnonzero(owners.counts)
+    docs, owners = positives.owners()
     query_index = faiss.IndexFlatIP(train_queries.shape[1])
     query_index.add(np.ascontiguousarray(train_queries, dtype=np.float32))
     depth = min(len(train_ids), top_k + int(owners.counts.max()))
