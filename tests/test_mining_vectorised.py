@@ -25,7 +25,13 @@ from ance_train.negatives.rows import Positives, lookup_rows, rowwise_lookup
 from ance_train.negatives.strategies.ance import keep_previous_rows, merge_remined
 from ance_train.negatives.strategies.dance import dual_query_negatives
 from ance_train.negatives.strategies.tele import mix_rows
-from ance_train.negatives.table import PAD, NegativesTable, overlap_at, remove_positives
+from ance_train.negatives.table import (
+    PAD,
+    NegativesTable,
+    overlap_at,
+    remove_positives,
+    store_table,
+)
 from ance_train.protocol.tables import TableId
 from ance_train.trainer.negatives_feed import NegativesFeed
 
@@ -330,6 +336,16 @@ def test_open_memory_maps_what_from_bytes_reads(tmp_path: Path) -> None:
     broken.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
     with pytest.raises(ValueError, match=r"broken\.npz: not a readable negatives table"):
         NegativesTable.open(broken)
+
+
+def test_store_table_streams_through_a_scratch_file(tmp_path: Path) -> None:
+    table = _table(np.random.default_rng(4), [f"q{i}" for i in range(30)], 6, docs=50, step=1)
+    store = LocalStore("tables", tmp_path / "store")
+    scratch = tmp_path / "scratch"
+    sha = store_table(store, TableId.ann(1).key, table, scratch)
+    assert len(sha) == 64
+    _assert_tables_equal(NegativesTable.from_bytes(store.get_bytes(TableId.ann(1).key)), table)
+    assert list(scratch.iterdir()) == [], "the scratch file is removed"
 
 
 class _NoEvents:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import io
 import os
 import struct
+import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,9 +38,12 @@ from ance_train.negatives.rows import (
     rowwise_isin,
 )
 
+if TYPE_CHECKING:
+    from ance_train.infra.store import ObjectStore
+
 SOURCES = ("ann", "bm25", "random", "momentum", "lookahead")
 SOURCE_CODE = {name: code for code, name in enumerate(SOURCES)}
-__all__ = ["PAD", "SOURCES", "SOURCE_CODE", "NegativesTable", "Positives"]
+__all__ = ["PAD", "SOURCES", "SOURCE_CODE", "NegativesTable", "Positives", "store_table"]
 _ZIP_LOCAL_HEADER = b"PK\x03\x04"
 _ZIP_LOCAL_HEADER_SIZE = 30  # then the name and the extra field, whose lengths end it
 
@@ -169,6 +174,18 @@ class NegativesTable:
             return cls._from_arrays(_map_npz(path))
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, struct.error) as error:
             raise ValueError(f"{path}: not a readable negatives table: {error}") from error
+
+
+def store_table(store: ObjectStore, key: str, table: NegativesTable,
+                scratch: str | os.PathLike[str]) -> str:
+    """Upload ``table`` under ``key`` through a temporary file in ``scratch`` (streamed, so a
+    large table is never copied whole in memory as :meth:`NegativesTable.to_bytes` would);
+    return its sha256."""
+    Path(scratch).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="table-") as directory:
+        path = Path(directory) / "table.npz"
+        table.write(path)
+        return store.put_file(key, path)
 
 
 def _map_npz(path: Path) -> dict[str, np.ndarray]:
