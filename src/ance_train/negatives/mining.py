@@ -93,17 +93,19 @@ def first_seen(candidates: np.ndarray, step: int, previous: NegativesTable | Non
     if previous is None or previous.first_seen is None:
         return seen
     old = previous.rows_of(query_ids)
-    width = candidates.shape[1] + previous.candidates.shape[1]
-    for block in row_blocks(len(candidates), width):
+    kept = previous.candidates.shape[1]
+    for block in row_blocks(len(candidates), candidates.shape[1] + kept):
         rows = old[block]
-        present = np.flatnonzero(rows >= 0)
-        if not len(present):
+        absent = rows < 0
+        if absent.all():
             continue
-        earlier = rowwise_lookup(candidates[block][present], previous.candidates[rows[present]])
-        carried = np.where(earlier >= 0, np.take_along_axis(
-            previous.first_seen[rows[present]], np.maximum(earlier, 0), axis=1),
-            seen[block][present])
-        seen[np.arange(block.start, block.stop)[present]] = carried
+        rows = np.maximum(rows, 0)  # an absent row looks at row 0, then is discarded
+        earlier = rowwise_lookup(candidates[block], np.take(previous.candidates, rows, axis=0))
+        earlier[absent] = -1
+        offsets = np.arange(len(rows), dtype=np.int64)[:, None] * kept
+        carried = np.take(previous.first_seen, rows, axis=0).ravel()[
+            offsets + np.maximum(earlier, 0)]
+        np.copyto(seen[block], carried, where=earlier >= 0)
     return seen
 
 

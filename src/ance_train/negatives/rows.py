@@ -123,17 +123,20 @@ def rowwise_lookup(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
     packed[:, kk:] |= 1 << bits
     packed |= np.arange(width, dtype=np.int64)
     packed.sort(axis=1)
+    # Flat from here on: one running maximum over the whole block and 1-D gathers are
+    # several times faster than their row-wise (axis=1) forms.
+    packed = packed.ravel()
     column = packed & ((1 << bits) - 1)
     document = packed >> (bits + 1)  # arithmetic shift: PAD stays -1
-    positions = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width))
-    last_key = np.where((column < kk) & (document != PAD), positions, -1)
-    np.maximum.accumulate(last_key, axis=1, out=last_key)
+    row_start = np.repeat(np.arange(0, rows * width, width, dtype=np.int64), width)
+    last_key = np.where((column < kk) & (document != PAD),
+                        np.arange(rows * width, dtype=np.int64), -1)
+    np.maximum.accumulate(last_key, out=last_key)
     safe = np.maximum(last_key, 0)
-    found = np.where((last_key >= 0) & (np.take_along_axis(document, safe, axis=1) == document),
-                     np.take_along_axis(column, safe, axis=1), -1)
-    out = np.empty((rows, width), dtype=np.int64)  # back to each cell's own column
-    np.put_along_axis(out, column, found, axis=1)
-    return out[:, kk:]
+    found = np.where((last_key >= row_start) & (document[safe] == document), column[safe], -1)
+    out = np.empty(rows * width, dtype=np.int64)  # back to each cell's own column
+    out[row_start + column] = found
+    return out.reshape(rows, width)[:, kk:]
 
 
 def column_bits(width: int) -> int:

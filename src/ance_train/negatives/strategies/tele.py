@@ -102,27 +102,32 @@ def _mix_block(parts: list[tuple[np.ndarray, np.ndarray, int, float]], max_candi
     packed = np.where(docs != PAD, docs, padding) << bits
     packed |= np.arange(width, dtype=np.int64)
     packed.sort(axis=1)
+    # Flat from here on (1-D running maxima and gathers are the fast ones); every row
+    # starts a run at its first cell, so no run crosses from one row to the next.
+    packed = packed.ravel()
     column, document = packed & ((1 << bits) - 1), packed >> bits
-    mass = np.take_along_axis(mass, column, axis=1) + 0.0  # ``mass.get(doc, 0.0) + ...``
+    row_start = np.repeat(np.arange(0, rows * width, width, dtype=np.int64), width)
+    mass = mass.ravel()[row_start + column] + 0.0  # as ``mass.get(doc, 0.0) + ...``
     starts = document == padding  # each padding cell on its own: no run to sum
-    starts[:, 0] = True
-    starts[:, 1:] |= document[:, 1:] != document[:, :-1]
-    positions = np.broadcast_to(np.arange(width), (rows, width))
-    start = np.maximum.accumulate(np.where(starts, positions, 0), axis=1)
+    starts[row_start == np.arange(rows * width)] = True
+    starts[1:] |= document[1:] != document[:-1]
+    positions = np.arange(rows * width, dtype=np.int64)
+    start = np.where(starts, positions, 0)
+    np.maximum.accumulate(start, out=start)
     repeat = positions - start
     for depth in range(1, int(repeat.max(initial=0)) + 1):  # running sums, in order
-        r, c = np.nonzero(repeat == depth)
-        mass[r, c] = mass[r, c - 1] + mass[r, c]
-    totals = np.ones((rows, width), dtype=bool)  # the last cell of a document: its total
-    totals[:, :-1] = starts[:, 1:]
+        (cells,) = np.nonzero(repeat == depth)
+        mass[cells] = mass[cells - 1] + mass[cells]
+    totals = np.ones(rows * width, dtype=bool)  # the last cell of a document: its total
+    totals[:-1] = starts[1:]
     totals &= document != padding
     # Each document's total at the column where it was first met (the other cells write
     # to a spare column), then most probable first; a stable sort keeps ties in the order
     # met (Python's sort of the old dict).
-    met = np.where(totals, np.take_along_axis(column, start, axis=1), width)
-    met += np.arange(rows, dtype=np.int64)[:, None] * (width + 1)
+    spare_base = np.repeat(np.arange(0, rows * (width + 1), width + 1, dtype=np.int64), width)
+    met = np.where(totals, column[start], width) + spare_base
     negated = np.full((rows, width + 1), np.inf)
-    negated.ravel()[met.ravel()] = np.where(totals, -mass, np.inf).ravel()
+    negated.ravel()[met] = np.where(totals, -mass, np.inf)
     ranked = np.argsort(negated[:, :width], axis=1, kind="stable")[:, :max_candidates]
     kept_negated = np.take_along_axis(negated, ranked, axis=1)
     kept = kept_negated != np.inf
