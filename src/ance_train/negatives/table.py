@@ -9,7 +9,7 @@ vectorised array operations (:meth:`NegativesTable.sample_many`).
 Stored as an ``.npz`` of uncompressed ``.npy`` members (``np.savez``, zip64 past 4 GiB). The
 trainer reads it from a local file with :meth:`NegativesTable.open`, which memory-maps each
 member where it lies in the archive: a table of MS MARCO size (500k queries × 400
-candidates, ~10 GB) is never decompressed nor copied into memory as a whole, only the rows
+candidates: ~5 GB) is never decompressed nor copied into memory as a whole, only the rows
 a batch draws are paged in. Every table ever stored has this layout, so runs written before
 ``open`` existed read the same way.
 """
