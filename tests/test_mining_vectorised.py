@@ -365,8 +365,12 @@ def test_feed_maps_tables_from_its_cache_and_deletes_replaced_files(tmp_path: Pa
     for step, table in tables.items():
         store.put_bytes(TableId.ann(step).key, table.to_bytes())
     cache = tmp_path / "work"
+    stale = cache / TableId.ann(1).key  # left by a process that stopped
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
     feed = NegativesFeed(_NoEvents(), store, "trainer", threading.Event(),  # type: ignore[arg-type]
                          cache_dir=cache)
+    assert not stale.exists(), "a previous process's copies are removed at start"
     feed._handle(NegativesReady(tables=(TableId.ann(2),)))
     assert feed.ann is not None and isinstance(feed.ann.candidates.base, np.memmap)
     _assert_tables_equal(feed.ann, tables[2])

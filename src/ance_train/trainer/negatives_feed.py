@@ -41,6 +41,9 @@ class NegativesFeed:
         self.store = store
         self.cache_dir = cache_dir  # None: tables are read into memory
         self._files: dict[TableKind, Path] = {}  # the local file of each table held
+        if cache_dir is not None:  # copies a previous process left: downloaded again if held
+            for stale in (cache_dir / Path(TableId.bm25().key).parent).glob("*.npz"):
+                stale.unlink(missing_ok=True)
         self.instance = instance
         self.stop = stop
         self.bm25: NegativesTable | None = None
