@@ -21,17 +21,18 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-# CPU features that change these speeds (AVX512-BF16 alone about threefold for bf16 encoding).
-SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+# CPU features that decide how fast numpy and torch kernels run on this machine.
+NOTABLE_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+                 "avx512_fp16", "amx_bf16", "amx_int8")
 
 
-def cpu_flags() -> list[str]:
-    """Which of :data:`SPEED_FLAGS` this CPU has (from /proc/cpuinfo)."""
+def cpu_flags(wanted: tuple[str, ...] = NOTABLE_FLAGS) -> list[str]:
+    """Which of ``wanted`` the CPU reports in ``/proc/cpuinfo`` (empty where unreadable)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 present = set(line.split(":", 1)[1].split())
-                return [flag for flag in SPEED_FLAGS if flag in present]
+                return [flag for flag in wanted if flag in present]
     except OSError:
         pass
     return []

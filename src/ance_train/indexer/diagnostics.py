@@ -10,22 +10,21 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from ance_train.negatives.mining import align_rows
+from ance_train.negatives.rows import Positives, rowwise_isin
 from ance_train.negatives.table import PAD, NegativesTable, overlap_at, source_counts
 
 
 def reciprocal_ranks(ranked: np.ndarray, positives: list[set[int]], depth: int = 100) -> np.ndarray:
     """MRR@depth per query: 1/rank of the first positive in the top ``depth``, else 0."""
-    out = np.zeros(len(ranked), dtype=np.float64)
-    for row, (ids, pos) in enumerate(zip(ranked[:, :depth], positives, strict=True)):
-        hits = np.flatnonzero(np.isin(ids, list(pos)))
-        if len(hits):
-            out[row] = 1.0 / (hits[0] + 1)
-    return out
+    if len(ranked) != len(positives):
+        raise ValueError(f"reciprocal_ranks: {len(ranked)} ranked rows, {len(positives)} "
+                         "rows of positives")
+    hits = rowwise_isin(ranked[:, :depth], Positives.from_rows(positives).dense(slice(None)))
+    first = hits.argmax(axis=1)
+    return np.where(hits.any(axis=1), 1.0 / (first + 1), 0.0)
 
 
 class Diagnostics:
@@ -55,7 +54,9 @@ class Diagnostics:
         if new is not None:
             result["composition_by_source"] = source_counts(new)
             assert new.first_seen is not None
-            seen = new.first_seen[new.candidates != PAD]
+            steps, counts = np.unique(new.first_seen[new.candidates != PAD],
+                                      return_counts=True)
             result["composition_by_first_seen"] = {str(k): int(v) for k, v in
-                                                   sorted(Counter(seen.tolist()).items())}
+                                                   zip(steps.tolist(), counts.tolist(),
+                                                       strict=True)}
         return result

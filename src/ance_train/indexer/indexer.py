@@ -44,7 +44,7 @@ from ance_train.infra.store import CorruptObject, StorageError
 from ance_train.modeling.checkpoint_cache import ModelCache
 from ance_train.negatives.mining import Miner, positives_of
 from ance_train.negatives.strategies.bm25 import bm25_negatives
-from ance_train.negatives.table import NegativesTable
+from ance_train.negatives.table import NegativesTable, store_table
 from ance_train.observability.telemetry import IndexerTelemetry
 from ance_train.observability.tracking import Tracking, flatten, open_tracking
 from ance_train.protocol import keys
@@ -316,7 +316,7 @@ class Indexer:
             started = time.monotonic()
             table = bm25_negatives(ctx.corpus, ctx.dataset, self.train_ids,
                                    ctx.config.negatives.bm25.top_k)
-            ctx.store.put_bytes(key, table.to_bytes())
+            store_table(ctx.store, key, table, ctx.work_dir)
             if self.previous is None:  # what the trainer uses until the first ANN refresh
                 self.previous = table
             ctx.log.info("BM25 negatives for %d queries in %.1fs", len(table),
@@ -578,10 +578,10 @@ class Indexer:
         if self.miner.pool.mines_ann:
             table = self.miner.mine(step, index, train_queries, ranked, sims, self.previous,
                                     cancel, cfg.index.search_batch_size)
-            ctx.store.put_bytes(TableId.ann(step).key, table.to_bytes())
+            store_table(ctx.store, TableId.ann(step).key, table, ctx.work_dir)
         if self.dance.enabled:
             dual = self.dance.mine(step, ctx.dataset, self.train_ids, index, train_queries)
-            ctx.store.put_bytes(TableId.dual(step).key, dual.to_bytes())
+            store_table(ctx.store, TableId.dual(step).key, dual, ctx.work_dir)
         diagnostics = self.diagnostics.compute(ranked, self.previous, table)
         return table, dual, diagnostics
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ance_train.data.dataset import DatasetIndex
 from ance_train.index.ann import AnnIndex
+from ance_train.negatives.rows import Positives, row_blocks, rowwise_lookup
 from ance_train.negatives.strategies.base import AnnRefresh
 from ance_train.negatives.table import PAD, NegativesTable, remove_positives, source_codes
 
@@ -26,6 +27,19 @@ if TYPE_CHECKING:
 
 def positives_of(dataset: DatasetIndex, query_ids: list[str]) -> list[set[int]]:
     return [set(dataset.positives(q)) for q in query_ids]
+
+
+def positives_csr(dataset: DatasetIndex, query_ids: list[str]) -> Positives:
+    """The positives of ``query_ids`` as one CSR matrix (built once, used at every refresh)."""
+    return Positives.from_rows([dataset.positives(q) for q in query_ids])
+
+
+def draw_anchors(positives: Positives, rng: np.random.Generator) -> np.ndarray:
+    """d̃⁺: one positive drawn at random per query (SimANS §4.1; Tele's lookahead anchor).
+
+    One ``rng.integers`` call over all rows draws what one call per row, in row order, did
+    (numpy draws a broadcast ``high`` element by element), leaving ``rng`` in the same state."""
+    return positives.indices[positives.indptr[:-1] + rng.integers(0, positives.counts)]
 
 
 def drop_near_positive(candidates: np.ndarray, sims: np.ndarray, positive_sims: np.ndarray,
@@ -46,34 +60,52 @@ def drop_near_positive(candidates: np.ndarray, sims: np.ndarray, positive_sims: 
 
 def align_rows(previous: NegativesTable, query_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """The previous table's candidates/probabilities re-ordered to ``query_ids`` (PAD if absent)."""
+    old = previous.rows_of(query_ids)
+    absent = old < 0
     width = previous.candidates.shape[1]
-    candidates = np.full((len(query_ids), width), PAD, dtype=np.int64)
-    probabilities = np.zeros((len(query_ids), width), dtype=np.float32)
-    for row, qid in enumerate(query_ids):
-        old = previous.row(qid)
-        if old is not None:
-            candidates[row] = previous.candidates[old]
-            probabilities[row] = previous.probabilities[old]
+    candidates = np.empty((len(query_ids), width), dtype=np.int64)
+    probabilities = np.empty((len(query_ids), width), dtype=np.float32)
+    if len(previous):
+        _gather(previous.candidates, old, candidates)
+        _gather(previous.probabilities, old, probabilities)
+    else:
+        absent[:] = True
+    candidates[absent] = PAD
+    probabilities[absent] = 0
     return candidates, probabilities
+
+
+def _gather(source: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = source[rows]`` (rows clipped into range), without a temporary copy when
+    the dtypes agree."""
+    if source.dtype == out.dtype:
+        np.take(source, rows, axis=0, out=out, mode="clip")
+    else:
+        out[:] = source[np.clip(rows, 0, len(source) - 1)]
 
 
 def first_seen(candidates: np.ndarray, step: int, previous: NegativesTable | None,
                query_ids: list[str]) -> np.ndarray:
     """Step at which each candidate entered its row, carried over from the previous table
-    while the candidate stays in the row (ANCE-Tele Fig. 9 "first introduced" episodes)."""
+    while the candidate stays in the row (ANCE-Tele Fig. 9 "first introduced" episodes).
+    A document the previous row holds twice carries the step of its later column."""
     seen = np.where(candidates != PAD, step, PAD).astype(np.int64)
     if previous is None or previous.first_seen is None:
         return seen
-    for row, qid in enumerate(query_ids):
-        old = previous.row(qid)
-        if old is None:
+    old = previous.rows_of(query_ids)
+    kept = previous.candidates.shape[1]
+    for block in row_blocks(len(candidates), candidates.shape[1] + kept):
+        rows = old[block]
+        absent = rows < 0
+        if absent.all():
             continue
-        earlier = {int(d): int(s) for d, s in zip(previous.candidates[old],
-                                                  previous.first_seen[old], strict=True)
-                   if d != PAD}
-        for column, doc in enumerate(candidates[row]):
-            if doc != PAD and int(doc) in earlier:
-                seen[row, column] = earlier[int(doc)]
+        rows = np.maximum(rows, 0)  # an absent row looks at row 0, then is discarded
+        earlier = rowwise_lookup(candidates[block], np.take(previous.candidates, rows, axis=0))
+        earlier[absent] = -1
+        offsets = np.arange(len(rows), dtype=np.int64)[:, None] * kept
+        carried = np.take(previous.first_seen, rows, axis=0).ravel()[
+            offsets + np.maximum(earlier, 0)]
+        np.copyto(seen[block], carried, where=earlier >= 0)
     return seen
 
 
@@ -88,9 +120,9 @@ class Miner:
         self.sampling = config.sampling_strategy
         self.temperature = temperature
         self.train_ids = train_ids
-        self.positives = positives_of(dataset, train_ids)
-        self.positive_lists = [sorted(p) for p in self.positives]
-        self.max_positives = max(len(p) for p in self.positives)
+        self.positives = positives_csr(dataset, train_ids)
+        self.max_positives = int(self.positives.counts.max())
+        self.query_ids = np.array(train_ids)
         self.seed = seed
 
     def depth(self) -> int:
@@ -117,8 +149,7 @@ class Miner:
         rng = np.random.default_rng([self.seed, max(step, 0)])
         k = self.depth()
         candidates, candidate_sims = remove_positives(ranked, sims, self.positives, k)
-        # d̃⁺: one positive drawn at random per query (SimANS §4.1; Tele's lookahead anchor).
-        anchor = np.array([p[rng.integers(len(p))] for p in self.positive_lists], dtype=np.int64)
+        anchor = draw_anchors(self.positives, rng)
         anchor_vectors = index.vectors(anchor)
         positive_sims = np.einsum("qd,qd->q", queries, anchor_vectors)
         if cfg.max_positive_ratio is not None:
@@ -141,7 +172,7 @@ class Miner:
     def table(self, refresh: AnnRefresh) -> NegativesTable:
         """The negatives table of a refresh's (possibly re-mixed) candidates."""
         return NegativesTable(
-            step=refresh.step, query_ids=np.array(self.train_ids), candidates=refresh.candidates,
+            step=refresh.step, query_ids=self.query_ids, candidates=refresh.candidates,
             scores=refresh.scores.astype(np.float32), positive_scores=refresh.positive_scores,
             probabilities=refresh.probabilities.astype(np.float32), sources=refresh.sources,
             first_seen=first_seen(refresh.candidates, refresh.step, refresh.previous,

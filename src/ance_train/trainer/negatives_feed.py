@@ -7,6 +7,11 @@ negatives never blocks a step (ANCE §4, asynchronous index refresh).
 A resumed trainer first reloads the tables it held at its checkpoint, then catches up with
 every newer table announced in the stream: the process that died may already have
 acknowledged those events, so the consumer group would not deliver them again.
+
+With a cache directory (the trainer's work directory) a table is downloaded to a local file
+and memory-mapped (:meth:`NegativesTable.open`): the trainer never holds a large table in
+memory as a whole, only the rows its batches draw. The file of a table replaced by a newer
+one is deleted (its mapping stays valid until the old table is dropped).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus
 from ance_train.infra.store import ObjectStore, StorageError
@@ -30,10 +36,16 @@ class NegativesFeed:
     GROUP = "trainer"
 
     def __init__(self, bus: EventBus, store: ObjectStore, instance: str,
-                 stop: threading.Event, on_swap: Callable[[], None] = lambda: None) -> None:
+                 stop: threading.Event, on_swap: Callable[[], None] = lambda: None,
+                 cache_dir: Path | None = None) -> None:
         self.bus = bus
         self.on_swap = on_swap  # after a table is swapped in (announces negatives.in_use)
         self.store = store
+        self.cache_dir = cache_dir  # None: tables are read into memory
+        self._files: dict[TableKind, Path] = {}  # the local file of each table held
+        if cache_dir is not None:  # copies a previous process left: downloaded again if held
+            for stale in (cache_dir / Path(TableId.bm25().key).parent).glob("*.npz"):
+                stale.unlink(missing_ok=True)
         self.instance = instance
         self.stop = stop
         self.bm25: NegativesTable | None = None
@@ -56,7 +68,7 @@ class NegativesFeed:
             if table is None:
                 continue
             try:
-                self._set(table.kind, self._load(table))
+                self._set(table, self._load(table))
             except StorageError as error:
                 log.error("cannot reload the %s negatives %s: %s", table.kind, table.key, error)
         for received in self.bus.history(NegativesReady):
@@ -109,17 +121,35 @@ class NegativesFeed:
                          held.step)
                 continue
             try:
-                self._set(table.kind, self._load(table))
+                self._set(table, self._load(table))
             except StorageError as error:
                 log.error("cannot load negatives %s: %s", table.key, error)
 
-    def _load(self, table: TableId) -> NegativesTable:
-        return NegativesTable.from_bytes(self.store.get_bytes(table.key))
+    def _path(self, table: TableId) -> Path | None:
+        """The local file of ``table`` (its object key under the cache directory)."""
+        return None if self.cache_dir is None else self.cache_dir / table.key
 
-    def _set(self, kind: TableKind, table: NegativesTable) -> None:
+    def _load(self, table: TableId) -> NegativesTable:
+        path = self._path(table)
+        if path is None:
+            return NegativesTable.from_bytes(self.store.get_bytes(table.key))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.store.get_file(table.key, path)  # checksum verified before the file appears
+        try:
+            return NegativesTable.open(path)
+        except ValueError as error:  # verified yet unreadable: a writer's bug, not an outage
+            raise StorageError(str(error)) from error
+
+    def _set(self, table_id: TableId, table: NegativesTable) -> None:
+        kind = table_id.kind
         with self._arrived:
             setattr(self, kind.value, table)  # one swap, read by the loop at its next batch
             self._arrived.notify_all()
+        path, replaced = self._path(table_id), self._files.get(kind)
+        if path is not None:
+            self._files[kind] = path
+            if replaced is not None and replaced != path:
+                replaced.unlink(missing_ok=True)  # mapped pages stay readable until dropped
         log.info("%s negatives of step %d ready (%d rows)", kind, table.step, len(table))
         self.on_swap()
 

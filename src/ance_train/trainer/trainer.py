@@ -137,7 +137,8 @@ class Trainer:
                                     cfg.negatives.per_query,
                                     cfg.training.in_batch_negatives, cfg.training.seed)
         self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop,
-                                  on_swap=lambda: self.tables.announce())
+                                  on_swap=lambda: self.tables.announce(),
+                                  cache_dir=ctx.work_dir)  # tables under negatives/
         self.picker = NegativesPicker(
             cfg.negatives, self.feed,
             RandomNegatives(ctx.dataset.num_docs, self.batches.positives))

@@ -71,25 +71,25 @@ def keep_previous_rows(new: NegativesTable, previous: NegativesTable | None,
     mined = rng.random(len(new)) < fraction
     if previous is None:
         return np.ones(len(new), dtype=bool)
-    has_previous = np.array([previous.row(str(q)) is not None for q in new.query_ids])
-    return mined | ~has_previous
+    return mined | (previous.rows_of(new.query_ids) < 0)
 
 
 def merge_remined(new: NegativesTable, previous: NegativesTable, remined: np.ndarray) -> None:
-    """Overwrite, in place, the rows of ``new`` not re-mined with the previous table's rows."""
-    width = new.candidates.shape[1]
-    for row, qid in enumerate(new.query_ids):
-        if remined[row]:
-            continue
-        old = previous.row(str(qid))
-        take = min(width, previous.candidates.shape[1])
-        for name in ("candidates", "scores", "probabilities", "sources", "first_seen"):
-            target = getattr(new, name)
-            fill = PAD if name in ("candidates", "first_seen") else 0
-            if name == "sources":
-                fill = -1
-            target[row] = fill
-            target[row, :take] = getattr(previous, name)[old][:take]
+    """Overwrite, in place, the rows of ``new`` not re-mined with the previous table's rows
+    (cut or padded to ``new``'s width: PAD, 0, source -1)."""
+    kept = np.flatnonzero(~np.asarray(remined, dtype=bool))
+    if not len(kept):
+        return
+    old = previous.rows_of(new.query_ids[kept])
+    if (old < 0).any():
+        raise ValueError(f"merge_remined: query {new.query_ids[kept[old < 0][0]]} has no "
+                         "previous row to keep: it must be re-mined")
+    take = min(new.candidates.shape[1], previous.candidates.shape[1])
+    for name, fill in (("candidates", PAD), ("scores", 0), ("probabilities", 0),
+                       ("sources", -1), ("first_seen", PAD)):
+        target = getattr(new, name)
+        target[kept] = fill
+        target[kept, :take] = getattr(previous, name)[old][:, :take]
 
 
 class AnnPool(PoolStrategy):

@@ -21,6 +21,7 @@ A loss strategy: it combines with any pool and sampling.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
@@ -28,6 +29,8 @@ import faiss
 import numpy as np
 from pydantic import Field
 
+from ance_train.negatives.mining import positives_csr
+from ance_train.negatives.rows import Positives
 from ance_train.negatives.strategies.base import LossStrategy, StrategySettings, TableHolder
 from ance_train.negatives.table import (
     NegativesTable,
@@ -51,37 +54,47 @@ class DanceSettings(StrategySettings):
 
 
 def dual_query_negatives(
-    positive_docs: list[int], ranked_queries: np.ndarray, scores: np.ndarray,
-    owners: dict[int, set[int]], top_k: int, step: int, query_ids: list[str],
+    positive_docs: Sequence[int] | np.ndarray, ranked_queries: np.ndarray, scores: np.ndarray,
+    owners: Mapping[int, set[int]] | Positives, top_k: int, step: int, query_ids: list[str],
 ) -> NegativesTable:
     """Negative queries of each positive document (Eq. 10's Q⁻_ANN): the training queries
     nearest to it, minus the queries for which it is a positive. Rows are keyed by the
     document index (as a string); candidate ``c`` is the query ``query_ids[c]``, which the
-    table carries (``candidate_query_ids``)."""
-    kept, kept_scores = remove_positives(ranked_queries, scores,
-                                         [owners.get(d, set()) for d in positive_docs], top_k)
+    table carries (``candidate_query_ids``). ``owners``: the training-query rows that have
+    each document as a positive, as a mapping document → rows, or as a CSR whose row ``i``
+    belongs to ``positive_docs[i]``."""
+    docs = np.asarray(positive_docs, dtype=np.int64)
+    excluded = (owners if isinstance(owners, Positives)
+                else Positives.from_rows([owners.get(int(d), set()) for d in docs]))
+    kept, kept_scores = remove_positives(ranked_queries, scores, excluded, top_k)
     return NegativesTable(
-        step=step, query_ids=np.array([str(d) for d in positive_docs]), candidates=kept,
-        scores=kept_scores, positive_scores=np.zeros(len(positive_docs), np.float32),
+        step=step, query_ids=_decimal_strings(docs), candidates=kept,
+        scores=kept_scores, positive_scores=np.zeros(len(docs), np.float32),
         probabilities=uniform_probabilities(kept),
         sources=source_codes(kept, "ann"),
         candidate_query_ids=np.array(query_ids, dtype=np.str_))
 
 
+def _decimal_strings(values: np.ndarray) -> np.ndarray:
+    """``np.array([str(v) for v in values])`` without the loop (same narrow string dtype)."""
+    text = values.astype(str)
+    return text.astype(f"<U{max(1, int(np.char.str_len(text).max(initial=1)))}")
+
+
 def mine_dual(step: int, config: NegativesConfig, dataset: DatasetIndex, train_ids: list[str],
-              index: AnnIndex, train_queries: np.ndarray) -> NegativesTable:
+              index: AnnIndex, train_queries: np.ndarray,
+              positives: Positives | None = None) -> NegativesTable:
     """DANCE's negative queries: for each positive document, the nearest training queries
-    (embedding space of the current checkpoint) that do not have it as a positive."""
+    (embedding space of the current checkpoint) that do not have it as a positive.
+    ``positives``: those of ``train_ids`` when the caller keeps them (else read here)."""
     top_k = config.dance.top_k
-    owners: dict[int, set[int]] = {}
-    for row, qid in enumerate(train_ids):
-        for doc in dataset.positives(qid):
-            owners.setdefault(doc, set()).add(row)
-    docs = sorted(owners)
+    if positives is None:
+        positives = positives_csr(dataset, train_ids)
+    docs, owners = positives.owners()
     query_index = faiss.IndexFlatIP(train_queries.shape[1])
     query_index.add(np.ascontiguousarray(train_queries, dtype=np.float32))
-    depth = min(len(train_ids), top_k + max(len(o) for o in owners.values()))
-    sims, ranked = query_index.search(np.ascontiguousarray(index.vectors(np.array(docs))), depth)
+    depth = min(len(train_ids), top_k + int(owners.counts.max()))
+    sims, ranked = query_index.search(np.ascontiguousarray(index.vectors(docs)), depth)
     return dual_query_negatives(docs, ranked.astype(np.int64), sims, owners, top_k, step,
                                 train_ids)
 
@@ -116,8 +129,14 @@ class DanceLoss(LossStrategy):
 
     def mine(self, step: int, dataset: DatasetIndex, train_ids: list[str], index: AnnIndex,
              train_queries: np.ndarray) -> NegativesTable:
-        """Indexer side, at each refresh: the negative queries of every positive document."""
-        return mine_dual(step, self.config, dataset, train_ids, index, train_queries)
+        """Indexer side, at each refresh: the negative queries of every positive document
+        (the positives of ``train_ids`` read once, kept while the indexer passes the same)."""
+        cached = getattr(self, "_positives", None)
+        if cached is None or cached[0] is not dataset or cached[1] is not train_ids:
+            cached = (dataset, train_ids, positives_csr(dataset, train_ids))
+            self._positives = cached
+        return mine_dual(step, self.config, dataset, train_ids, index, train_queries,
+                         cached[2])
 
     def source(self, tables: TableHolder) -> NegativesTable | None:
         """Trainer side: the newest negative-query table when enabled."""
