@@ -231,13 +231,17 @@ class Corpus:
                 raise DataError(f"{self.path}: ended before document {index}; validate again")
             if is_blank(raw):
                 continue
-            try:
-                doc_id, title, text = parse_doc(raw, self.kind)
-            except LineError as error:
-                raise DataError(f"{self.path} (document {index}): {error}") from None
-            yield doc_id, doc_text(title, text)
+            yield self._parsed(raw, index)
             index += 1
 
+
+    def _parsed(self, raw: bytes, index: int) -> tuple[str, str]:
+        """(doc id, text) of document ``index``'s line."""
+        try:
+            doc_id, title, text = parse_doc(raw, self.kind)
+        except LineError as error:
+            raise DataError(f"{self.path} (document {index}): {error}") from None
+        return doc_id, doc_text(title, text)
 
     def _iter_remote(self, start: int, stop: int) -> Iterator[tuple[str, str]]:
         """:meth:`iter_range` of a corpus in a bucket: one ranged GET, streamed."""
@@ -251,11 +255,7 @@ class Corpus:
                     break
                 if is_blank(raw):
                     continue
-                try:
-                    doc_id, title, text = parse_doc(raw, self.kind)
-                except LineError as error:
-                    raise DataError(f"{self.path} (document {index}): {error}") from None
-                yield doc_id, doc_text(title, text)
+                yield self._parsed(raw, index)
                 index += 1
         if index < stop:
             raise DataError(f"{self.path}: ended before document {index}; validate again")

@@ -76,6 +76,18 @@ def _new_index(config: IndexConfig, dim: int, nlist: int) -> faiss.Index:
     return index  # the FAISS Python wrapper keeps ``quantizer`` alive with the index
 
 
+def blockwise_scores(vectors: Callable[[np.ndarray], np.ndarray], dim: int,
+                     queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
+    """Inner product of each query row with ``vectors(doc_ids row)``, ``[Q, K]``, gathering at
+    most ``SCORE_BLOCK_BYTES`` of document vectors at a time (never all candidates at once)."""
+    out = np.zeros(doc_ids.shape, dtype=np.float32)
+    step = max(1, SCORE_BLOCK_BYTES // max(1, doc_ids.shape[1] * dim * 4))
+    for start in range(0, len(doc_ids), step):
+        block = vectors(doc_ids[start:start + step])
+        out[start:start + step] = np.einsum("qd,qkd->qk", queries[start:start + step], block)
+    return out
+
+
 def recall_at(found: np.ndarray, exact: np.ndarray, k: int) -> float:
     """Mean share of each row's exact top-``k`` that ``found``'s top-``k`` contains."""
     hits = [len(np.intersect1d(f[:k], e[:k][e[:k] >= 0])) / max(1, int((e[:k] >= 0).sum()))
@@ -232,13 +244,8 @@ class AnnIndex:
 
     def scores(self, queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
         """Inner product of each query row with the stored vectors of its ``doc_ids`` row
-        (``[Q, K]``), gathering at most ``SCORE_BLOCK_BYTES`` of vectors at a time."""
-        out = np.zeros(doc_ids.shape, dtype=np.float32)
-        step = max(1, SCORE_BLOCK_BYTES // max(1, doc_ids.shape[1] * self.dim * 4))
-        for start in range(0, len(doc_ids), step):
-            block = self.vectors(doc_ids[start:start + step])
-            out[start:start + step] = np.einsum("qd,qkd->qk", queries[start:start + step], block)
-        return out
+        (``[Q, K]``)."""
+        return blockwise_scores(self.vectors, self.dim, queries, doc_ids)
 
     def search(self, queries: np.ndarray, k: int, batch_size: int = 1024,
                cancel: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray]:

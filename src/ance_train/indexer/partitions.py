@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ance_train.index.ann import AnnIndex
+from ance_train.index.ann import AnnIndex, blockwise_scores
 from ance_train.index.merge import merge_topk
 from ance_train.infra.store import ObjectStore
 from ance_train.protocol.embeddings import unpack_embeddings
@@ -127,12 +127,7 @@ class MergedIndex:
 
     def scores(self, queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
         """Inner product of each query row with the vectors of its ``doc_ids`` row."""
-        out = np.zeros(doc_ids.shape, dtype=np.float32)
-        step = max(1, (64 << 20) // max(1, doc_ids.shape[1] * self.dim * 4))
-        for start in range(0, len(doc_ids), step):
-            block = self.vectors(doc_ids[start:start + step])
-            out[start:start + step] = np.einsum("qd,qkd->qk", queries[start:start + step], block)
-        return out
+        return blockwise_scores(self.vectors, self.dim, queries, doc_ids)
 
     def search(self, queries: np.ndarray, k: int, batch_size: int = 1024,
                cancel: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
