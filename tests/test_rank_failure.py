@@ -160,3 +160,36 @@ def test_killed_ranks_restart_the_group_from_the_last_checkpoint(
                  "and inferencer untouched", recovery_s,
                  lost="the steps since the last checkpoint, redone",
                  test="tests/test_rank_failure.py")
+
+
+def test_ranks_die_with_their_torchrun_agent(tmp_path: Path, redis_server, tiny_model,
+                                             scifact_subset) -> None:
+    """torchrun's agent SIGKILLed (its launcher or pod killed hard) while both ranks wait —
+    rank 0 for its first negatives (no indexer runs), rank 1 in a collective, where a SIGTERM
+    would never be seen: the kernel kills both ranks (PDEATHSIG) instead of leaving them
+    waiting for the 6-hour rank timeout."""
+    harness = Harness.prepare(
+        tmp_path, redis_server.url, run_id="rank-orphans",
+        data={"path": str(scifact_subset), "dev_fraction": 0.2},
+        model={"path": str(tiny_model), "max_query_length": 16, "max_doc_length": 32},
+        training={"steps": 4, "batch_size": 8, "refresh_every": 2, "warmup_steps": 1,
+                  "torch_threads": 1, "processes": 2},
+        negatives={"pool": "ann", "per_query": 1, "warmup": "none"})
+    command = [*service_command("trainer", 2), "serve", "trainer", "--config",
+               str(harness.config_path), "--instance", "trainer",
+               "--work-dir", str(harness.root / "work" / "trainer")]
+    with open(harness.root / "trainer.log", "ab") as log:
+        torchrun = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**harness.env(), **RANKS_ENV})
+    try:
+        ranks = [_rank_process(torchrun, rank) for rank in (0, 1)]
+        wait_until(lambda: "waiting for first negatives" in harness.log("trainer")
+                   or checkpoint_steps(EventBus(connect(redis_server.url), "rank-orphans"),
+                                       CheckpointPublished) == [0],
+                   120, "rank 0 never published checkpoint 0")
+        torchrun.send_signal(signal.SIGKILL)
+        torchrun.wait(30)
+        _, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive, f"ranks outlived their agent: {[p.pid for p in alive]}"
+    finally:
+        stop(torchrun)

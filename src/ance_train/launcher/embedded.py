@@ -30,10 +30,10 @@ from ance_train.data.validation import validate_dataset
 from ance_train.indexer.partitions import PARTITION_VAR
 from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, connect
 from ance_train.infra.credentials import redis_password
+from ance_train.infra.process import die_with_parent
 from ance_train.infra.rpc import fetch_status
 from ance_train.infra.store import LocalStore, ObjectStore, StorageError, store_from_env
 from ance_train.launcher.ports import free_port
-from ance_train.launcher.process import die_with_parent
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.modeling.model import check_encoder
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR

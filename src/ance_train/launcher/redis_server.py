@@ -21,8 +21,8 @@ from pathlib import Path
 
 import redis
 
+from ance_train.infra.process import die_with_parent
 from ance_train.launcher.ports import free_port
-from ance_train.launcher.process import die_with_parent
 
 
 def redis_server_binary() -> str:

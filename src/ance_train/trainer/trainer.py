@@ -26,6 +26,7 @@ import datetime
 import functools
 import os
 import random
+import signal
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, fields
@@ -36,6 +37,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from ance_train.config import dump_config
 from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkQueue
+from ance_train.infra.process import die_with_parent
 from ance_train.infra.store import StorageError
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.modeling.precision import autocast_context
@@ -512,6 +514,13 @@ def _distributed_context(processes: int) -> DistributedContext:
 
 
 def serve(ctx: ServiceContext) -> int:
+    if ctx.config.training.processes > 1 and "TORCHELASTIC_RUN_ID" in os.environ:
+        # A rank blocked in a collective never sees SIGTERM's stop flag: if its
+        # torch.distributed.run agent dies (killed with the launcher or its pod's main
+        # process), the kernel kills the rank instead of leaving it waiting for RANK_TIMEOUT.
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() == 1:  # the agent died before the line above
+            return 1
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if ctx.config.training.processes > 1 and restart:
         # torch.distributed.run started every rank again after one failed (--max-restarts,
