@@ -535,6 +535,29 @@ def test_external_endpoints(production_objects: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------- workloads
 
 
+BILLION = Path(__file__).parents[1] / "helm" / "examples" / "values-billion.yaml"
+
+
+def test_billion_document_values_render_the_planned_shape() -> None:
+    """helm/examples/values-billion.yaml (docs/deployment.md): valid objects, a valid run
+    configuration, and the pods the plan's bold row counts — 40 index partitions, 64
+    inferencers, 2 × 8 trainer ranks, every indexer pod within 80 GB, no data volume."""
+    objects = render_chart(values_files=[BILLION])
+    _validate_all(objects)
+    config = parse_config(yaml.safe_load(
+        one(objects, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"]))
+    assert config.data.path.startswith("s3://") and config.index.partitions == 40
+    assert config.training.processes == 16 and config.inference.embedding_dtype == "float16"
+    indexer = one(objects, "StatefulSet", f"{FULLNAME}-indexer")
+    assert indexer["spec"]["replicas"] == 40
+    inferencer = one(objects, "Deployment", f"{FULLNAME}-inferencer")
+    trainer = one(objects, "Job", f"{FULLNAME}-trainer")
+    assert inferencer["spec"]["replicas"] == 64 and trainer["spec"]["completions"] == 2
+    assert containers(indexer)[0]["resources"]["limits"]["memory"] == "80Gi"
+    for workload in (indexer, inferencer, trainer):
+        assert "data" not in {v["name"] for v in pod_spec(workload)["volumes"]}
+
+
 def test_run_config_is_valid_and_carries_the_run_id(
     default_objects: list[dict[str, Any]], production_objects: list[dict[str, Any]],
 ) -> None:
