@@ -8,11 +8,13 @@ import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from ance_train.config import IndexConfig, InferenceConfig, IvfConfig
 
 if TYPE_CHECKING:  # the CLI imports the heavy modules lazily, per command
     from ance_train.data.dataset import DatasetIndex
@@ -298,24 +300,14 @@ def search(
             console.print(f"  {rank:>3}. {hit['doc_id']}  {hit['score']:.4f}")
 
 
-class IndexType(StrEnum):
-    flat = "flat"
-    ivf = "ivf"
-    ivfpq = "ivfpq"
-    hnsw = "hnsw"
+def _choices(name: str, model: type, field: str) -> type[StrEnum]:
+    """A CLI choice type with the values of a config field's Literal (defined once there)."""
+    return StrEnum(name, {value: value for value in get_args(model.model_fields[field].annotation)})
 
 
-class IvfQuantizer(StrEnum):
-    flat = "flat"
-    hnsw = "hnsw"
-
-
-class EmbeddingDtype(StrEnum):
-    float32 = "float32"
-    float16 = "float16"
-
-
-EMBEDDING_BYTES = {EmbeddingDtype.float32: 4, EmbeddingDtype.float16: 2}
+IndexType = _choices("IndexType", IndexConfig, "type")
+IvfQuantizer = _choices("IvfQuantizer", IvfConfig, "quantizer")
+EmbeddingDtype = _choices("EmbeddingDtype", InferenceConfig, "embedding_dtype")
 
 
 @app.command()
@@ -343,8 +335,9 @@ def plan(
         min=1, help="Encoder parameters (default: all-MiniLM-L6-v2).")] = None,
     ivf_quantizer: Annotated[IvfQuantizer | None, typer.Option(
         help="IVF coarse quantizer (overrides the config's index.ivf.quantizer).")] = None,
-    partitions: Annotated[int, typer.Option(
-        min=1, help="Indexer partitions (default: the config's index.partitions).")] = 1,
+    partitions: Annotated[int | None, typer.Option(
+        min=1, help="Indexer partitions (default: the config's index.partitions, else 1).")
+    ] = None,
     embedding_dtype: Annotated[EmbeddingDtype, typer.Option(
         help="Stored embedding values (inference.embedding_dtype).")] = EmbeddingDtype.float16,
     indexer_cpus: Annotated[int | None, typer.Option(
@@ -356,6 +349,8 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Predict the refresh period, storage per checkpoint and index memory of a run."""
+    import numpy as np
+
     from ance_train.index import capacity
 
     if (docs_per_s is None) == (throughput_json is None):
@@ -377,7 +372,7 @@ def plan(
                                  index_type=index_type.value if index_type else None,
                                  ivf_quantizer=ivf_quantizer.value if ivf_quantizer else None,
                                  partitions=partitions,
-                                 embedding_bytes=EMBEDDING_BYTES[embedding_dtype],
+                                 embedding_bytes=np.dtype(str(embedding_dtype)).itemsize,
                                  indexer_cpus=indexer_cpus, overlap_build=overlap_build)
         result = capacity.plan(load, rates)
     except (OSError, ValueError, KeyError) as error:

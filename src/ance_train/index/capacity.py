@@ -356,7 +356,7 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
              eval_queries: int = 0, doc_tokens: int = 256, query_tokens: int = 32,
              store_mb_s: float = 200.0, model_params: int | None = None,
              config: RunConfig | None = None, index_type: str | None = None,
-             ivf_quantizer: str | None = None, partitions: int = 1,
+             ivf_quantizer: str | None = None, partitions: int | None = None,
              embedding_bytes: int = VECTOR_BYTES, indexer_cpus: int | None = None,
              overlap_build: bool = False) -> Workload:
     """A :class:`Workload`; a run configuration supplies the index settings, shard sizes,
@@ -369,7 +369,7 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
                  "query_shard_size": config.inference.query_shard_size,
                  "mine_depth": max(100, neg.sampling_strategy.depth()),
                  "eval_depth": config.index.eval_depth}
-        if partitions == 1:  # the configuration's, unless the caller asked for others
+        if partitions is None:
             partitions = config.index.partitions
         doc_tokens = min(doc_tokens, config.model.max_doc_length)
         query_tokens = min(query_tokens, config.model.max_query_length)
@@ -384,7 +384,7 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
                     train_queries=train_queries, eval_queries=eval_queries,
                     doc_tokens=doc_tokens, query_tokens=query_tokens, store_mb_s=store_mb_s,
                     model_params=model_params or MINILM_PARAMS, index=index,
-                    partitions=partitions, embedding_bytes=embedding_bytes,
+                    partitions=partitions or 1, embedding_bytes=embedding_bytes,
                     indexer_cpus=indexer_cpus, overlap_build=overlap_build, **extra)
 
 
