@@ -518,6 +518,12 @@ class IndexConfig(_Strict):
                     "(corpus shard s belongs to partition s mod partitions) and searching "
                     "every query; partition 0 merges their top-K lists, mines, evaluates and "
                     "announces the refresh. A flat index gives exactly the result of one.")
+    build_while_encoding: bool = Field(
+        True,
+        description="Add each corpus shard to the index soon after it is encoded (in shard "
+                    "order), so that after a checkpoint's last shard only that shard, the "
+                    "search and the mining remain (ance_train.indexer.build). False: build "
+                    "after the last shard.")
 
     @model_validator(mode="after")
     def _settings_match_type(self) -> IndexConfig:

@@ -36,6 +36,7 @@ import torch
 from ance_train.evaluation import evaluate
 from ance_train.index.ann import AnnIndex, use_gpu
 from ance_train.index.merge import merge_topk
+from ance_train.indexer.build import ShardedBuild
 from ance_train.indexer.diagnostics import Diagnostics
 from ance_train.indexer.partitions import MergedIndex, partition_number
 from ance_train.indexer.search_service import PartitionDirectory, SearchService, ServedIndex
@@ -61,7 +62,7 @@ from ance_train.protocol.partials import TopK, pack_partials, unpack_partials
 from ance_train.protocol.retention import RunRetention
 from ance_train.protocol.supersession import Superseded, next_to_build, superseded
 from ance_train.protocol.tables import TableId, TableKind
-from ance_train.protocol.work import RefreshPlan, ShardKind
+from ance_train.protocol.work import ZERO_SHOT_STEP, RefreshPlan, ShardKind
 from ance_train.runtime import ServiceContext
 
 
@@ -98,6 +99,9 @@ class Indexer:
         self.plans: dict[int, RefreshPlan] = {}  # published, not yet built or abandoned
         self.received: dict[int, set[str]] = {}
         self.published_at: dict[int, float] = {}  # Redis server time of checkpoint.published
+        # Redis server time of the shard.encoded that completed this process's part of a plan
+        self.completed_at: dict[int, float] = {}
+        self.build: ShardedBuild | None = None  # the index being built, maybe while encoding
         self.last_built: int | None = None
         self.abandoned: set[int] = set()  # checkpoints with a shard.failed item
         self.train_ids = sorted(ctx.dataset.train)
@@ -208,8 +212,11 @@ class Indexer:
                 plan is not None and plan.expected_keys() <= self.received.get(step, set())):
             return  # built, already abandoned, or complete after all (another replica's copy)
         self.abandoned.add(step)
-        for table in (self.plans, self.received, self.published_at, self.searched):
+        for table in (self.plans, self.received, self.published_at, self.searched,
+                      self.completed_at):
             table.pop(step, None)
+        if self.build is not None and self.build.step == step:
+            self.build = None
         self.ctx.log.error("checkpoint %d abandoned: %s was given up after %s attempts: %s",
                            step, event.key, event.attempt, event.error)
 
@@ -227,8 +234,14 @@ class Indexer:
                 bus.ack(PartitionSearched, group, searched.entry_id)
         for encoded in bus.consume(ShardEncoded, group, "indexer", block_ms=block_ms,
                                    count=256):
-            if not self._built(encoded.event.step):
-                self.received.setdefault(encoded.event.step, set()).add(encoded.event.key)
+            step = encoded.event.step
+            if not self._built(step):
+                received = self.received.setdefault(step, set())
+                received.add(encoded.event.key)
+                plan = self.plans.get(step)
+                if (plan is not None and step not in self.completed_at
+                        and self._needed(plan) <= received):
+                    self.completed_at[step] = entry_seconds(encoded.entry_id)
             bus.ack(ShardEncoded, group, encoded.entry_id)
         self._last_poll = time.monotonic()
 
@@ -266,9 +279,10 @@ class Indexer:
                          index_step=-1 if self.last_built is None else self.last_built)
         if self.partitions > 1:
             self.search.directory.start(ctx)  # where Search fans out to
+        added = False  # a shard was just added while encoding: read events without waiting
         while not ctx.stop.is_set():
             try:
-                self.poll(block_ms=500)
+                self.poll(block_ms=0 if added else 500)
             except REDIS_UNAVAILABLE as error:  # back off; the groups keep our place
                 ctx.log.warning("reading events failed: %s", error)
                 ctx.stop.wait(1.0)
@@ -281,12 +295,15 @@ class Indexer:
             step = self.newest_complete()
             if step is not None:
                 self._attempt(step, self.process if self.partitions == 1 else self.build_part)
+            added = step is None and self.add_while_encoding()
 
-    def _attempt(self, step: int, work: Callable[[int], None]) -> None:
-        """Run one build (or merge) of ``step``; what may pass is logged and retried later."""
+    def _attempt(self, step: int, work: Callable[[int], None]) -> bool:
+        """Run one build (or merge) of ``step``; what may pass is logged and retried later.
+        Returns whether the work was done."""
         ctx = self.ctx
         try:
             work(step)
+            return True
         except Superseded:
             ctx.log.info("checkpoint %d superseded while indexing", step)
         except ShardRequeued as error:
@@ -294,6 +311,70 @@ class Indexer:
         except (*REDIS_UNAVAILABLE, StorageError) as error:
             ctx.log.warning("indexing checkpoint %d failed, will retry: %s", step, error)
             ctx.stop.wait(1.0)
+        return False
+
+    # -- building while the inferencers encode (ance_train.indexer.build) ------------------
+    def encoding_now(self) -> int | None:
+        """The checkpoint whose shards are arriving: checkpoint 0 while it is pending (it is
+        built first), else the pending one with the most of this process's shards in the
+        store (the refresh under way; a tie goes to the newest)."""
+        pending = [step for step in self.plans if not self._searched(step)]
+        if not pending:
+            return None
+        if ZERO_SHOT_STEP in pending:
+            return ZERO_SHOT_STEP
+        return max(pending, key=lambda step: (
+            len(self._needed(self.plans[step]) & self.received.get(step, set())), step))
+
+    def build_of(self, step: int) -> ShardedBuild:
+        """The build of ``step`` under way, else a new one. One build at a time bounds the
+        memory: a partial build of another checkpoint is dropped."""
+        if self.build is not None and self.build.step != step:
+            self.ctx.log.info("dropping the partial index of checkpoint %d (%d of %d shards): "
+                              "building %d", self.build.step, self.build.added,
+                              len(self.build.shards), step)
+            self.build = None
+        if self.build is None:
+            plan = self.plans[step]
+            shards = (list(range(len(plan.corpus_ranges))) if self.partitions == 1
+                      else plan.owned_shards(self.partition, self.partitions))
+            size = sum(plan.corpus_ranges[shard][1] - plan.corpus_ranges[shard][0]
+                       for shard in shards)
+            self.build = ShardedBuild(step, shards, size, self.ctx.config.index)
+        return self.build
+
+    def _add_next(self, build: ShardedBuild, early: bool = False) -> None:
+        shard = build.next_shard()
+        assert shard is not None
+        ids, vectors = self._load_shard(build.step, ShardKind.CORPUS, shard)
+        build.add(ids, vectors, early)
+
+    def add_while_encoding(self) -> bool:
+        """No checkpoint is complete: add the next shard of the one being encoded, if it is
+        in the store (shards go in in order). Returns whether one was added."""
+        if not self.ctx.config.index.build_while_encoding:
+            return False
+        step = self.encoding_now()
+        if step is None:
+            return False
+        build = self.build_of(step)
+        shard = build.next_shard()
+        if shard is None or (self.plans[step].work(ShardKind.CORPUS)[shard].key
+                             not in self.received.get(step, set())):
+            return False
+        return self._attempt(step, lambda _: self._add_next(build, early=True))
+
+    def _index(self, step: int, cancel: Callable[[], None]) -> tuple[AnnIndex, QueryVectors, int]:
+        """``step``'s index over this process's shards (those added while encoding and the
+        rest), its query vectors and how many shards went in while encoding."""
+        build = self.build_of(step)
+        while build.next_shard() is not None:
+            cancel()
+            self._add_next(build)
+        queries = self._load_queries(step, self.plans[step])
+        index = build.finish(queries.vectors.shape[1])
+        self.build = None
+        return index, queries, build.added_early
 
     def _check_superseded(self, step: int, merging: bool = False) -> None:
         """Called between batches of a build: raises :class:`Superseded` if a newer
@@ -330,20 +411,7 @@ class Indexer:
         cancel = lambda: self._check_superseded(step)  # noqa: E731
         started = time.monotonic()
         ctx.state.update(state="running", phase=f"building index {step}", checkpoint_step=step)
-        plan = self.plans[step]
-        index: AnnIndex | None = None
-        for shard in range(len(plan.corpus_ranges)):
-            cancel()
-            ids, vectors = self._load_shard(step, ShardKind.CORPUS, shard)
-            if index is None:
-                # Inner product over the model's embeddings as they are: a cosine BiEncoder
-                # already returns unit vectors (normalised once, in the model).
-                index = AnnIndex(vectors.shape[1], ctx.config.index,
-                                 expected_size=plan.num_docs)
-            index.add(ids, vectors)
-        assert index is not None
-        index.finalize()
-        queries = self._load_queries(step, plan)
+        index, queries, early = self._index(step, cancel)
         build_s = time.monotonic() - started
 
         ctx.state.update(phase=f"mining {step}")
@@ -355,7 +423,8 @@ class Indexer:
         started = time.monotonic()
         metrics = self.evaluate(index, queries, cancel)
         eval_s = time.monotonic() - started
-        timings = {"build_s": build_s, "mine_s": mine_s, "eval_s": eval_s}
+        timings = {"build_s": build_s, "mine_s": mine_s, "eval_s": eval_s,
+                   "shards_added_early": float(early)}
         # The index serves searches from now on; then the events go out.
         self.search.serve(ServedIndex(step, index))
         self._announce(step, table, dual, diagnostics, metrics, timings)
@@ -363,25 +432,12 @@ class Indexer:
     def build_part(self, step: int) -> None:
         """P > 1: build this partition's index of ``step``, search every query, store the
         top-K lists and announce them (``partition.searched``)."""
-        ctx, cfg = self.ctx, self.ctx.config
+        ctx = self.ctx
         cancel = lambda: self._check_superseded(step)  # noqa: E731
         started = time.monotonic()
         ctx.state.update(state="running", phase=f"building index {step}", checkpoint_step=step)
         plan = self.plans[step]
-        owned = plan.owned_shards(self.partition, self.partitions)
-        size = sum(plan.corpus_ranges[shard][1] - plan.corpus_ranges[shard][0]
-                   for shard in owned)
-        index: AnnIndex | None = None
-        for shard in owned:
-            cancel()
-            ids, vectors = self._load_shard(step, ShardKind.CORPUS, shard)
-            if index is None:
-                index = AnnIndex(vectors.shape[1], cfg.index, expected_size=size)
-            index.add(ids, vectors)
-        queries = self._load_queries(step, plan)
-        if index is None:  # more partitions than corpus shards: this part is empty
-            index = AnnIndex(queries.vectors.shape[1], cfg.index, expected_size=0)
-        index.finalize()
+        index, queries, early = self._index(step, cancel)
         build_s = time.monotonic() - started
         ctx.state.update(phase=f"searching {step}")
         started = time.monotonic()
@@ -396,16 +452,19 @@ class Indexer:
         ctx.bus.publish(PartitionSearched(step=step, partition=self.partition,
                                           partitions=self.partitions, key=key,
                                           documents=len(index), build_s=build_s,
-                                          search_s=search_s))
+                                          search_s=search_s, shards_added_early=early))
         ctx.state.update(state="idle", phase="waiting for shards", index_step=step)
-        ctx.log.info("checkpoint %d: partition %d of %d searched (%d documents, build %.1fs, "
-                     "search %.1fs)", step, self.partition, self.partitions, len(index),
-                     build_s, search_s)
+        ctx.log.info("checkpoint %d: partition %d of %d searched (%d documents, %d of %d "
+                     "shards added while encoding, then build %.1fs, search %.1fs)", step,
+                     self.partition, self.partitions, len(index), early,
+                     len(plan.owned_shards(self.partition, self.partitions)), build_s,
+                     search_s)
         if not self.coordinator:  # partition 0 keeps its plans until it merged them
             for old in [s for s in self.plans if s <= step]:
                 self.plans.pop(old, None)
                 self.received.pop(old, None)
                 self.published_at.pop(old, None)
+                self.completed_at.pop(old, None)
 
     def search_groups(self, index: AnnIndex, queries: QueryVectors,
                       cancel: Callable[[], None]) -> dict[str, TopK]:
@@ -467,6 +526,7 @@ class Indexer:
         events = self.searched[step].values()
         timings = {"build_s": max(e.build_s for e in events),
                    "search_s": max(e.search_s for e in events),
+                   "shards_added_early": float(sum(e.shards_added_early for e in events)),
                    "merge_s": merge_s, "mine_s": mine_s, "eval_s": eval_s}
         ctx.log.info("checkpoint %d: merged %d partitions' lists (%d corpus shards read back "
                      "for vectors)", step, self.partitions, view.shards_read)
@@ -495,7 +555,8 @@ class Indexer:
                                                 diagnostics=diagnostics))
         refresh_s = self._refresh_seconds(step, ready_id or eval_id)
         self.telemetry.refreshed(step, refresh_s, metrics)
-        self._track(step, refresh_s, timings, metrics, diagnostics)
+        self._track(step, refresh_s, self._tail_seconds(step, ready_id or eval_id), timings,
+                    metrics, diagnostics)
         flat = {f"{split}/{name}": value for split, values in metrics.items()
                 for name, value in values.items()}
         ctx.state.update(state="idle", phase="waiting for shards", index_step=step, metrics=flat)
@@ -504,6 +565,7 @@ class Indexer:
             self.plans.pop(old, None)
             self.received.pop(old, None)
             self.published_at.pop(old, None)
+            self.completed_at.pop(old, None)
         self.retain()
 
     def retain(self) -> None:
@@ -514,14 +576,17 @@ class Indexer:
         except (*REDIS_UNAVAILABLE, StorageError) as error:  # retried after the next refresh
             self.ctx.log.warning("refresh retention / store size failed: %s", error)
 
-    def _track(self, step: int, refresh_s: float | None, timings: dict, metrics: dict,
-               diagnostics: dict) -> None:
+    def _track(self, step: int, refresh_s: float | None, tail_s: float | None, timings: dict,
+               metrics: dict, diagnostics: dict) -> None:
         """The refresh's scalars at global step = its checkpoint step: the refresh period
-        (checkpoint published → negatives ready) and its parts, the metrics per split and
-        the diagnostics (overlap, forgetting rate, composition)."""
+        (checkpoint published → negatives ready), the tail after its last shard, their
+        parts, the metrics per split and the diagnostics (overlap, forgetting rate,
+        composition)."""
         scalars = flatten(timings, "refresh/")
         if refresh_s is not None:
             scalars["refresh/period_s"] = refresh_s
+        if tail_s is not None:
+            scalars["refresh/tail_s"] = tail_s
         scalars.update(flatten(metrics, "eval/"))
         scalars.update(flatten({k: v for k, v in diagnostics.items()
                                 if k != "overlap_source_step"}, "diagnostics/"))
@@ -532,6 +597,12 @@ class Indexer:
         """Checkpoint published → its negatives ready, both by the Redis server's clock."""
         published = self.published_at.get(step)
         return None if published is None else entry_seconds(done_entry_id) - published
+
+    def _tail_seconds(self, step: int, done_entry_id: str) -> float | None:
+        """The checkpoint's last shard encoded → its negatives ready (Redis server's clock;
+        None when the shards were already in the store at start-up)."""
+        completed = self.completed_at.get(step)
+        return None if completed is None else entry_seconds(done_entry_id) - completed
 
     def _load_queries(self, step: int, plan: RefreshPlan) -> QueryVectors:
         """Every encoded query's vector, by query id (the shards carry the ids)."""

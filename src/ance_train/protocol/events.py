@@ -95,8 +95,9 @@ class PartitionSearched(Event):
     partitions: int = Field(ge=2)
     key: str
     documents: int = Field(ge=0)  # documents in the partition's index
-    build_s: float = 0.0
+    build_s: float = 0.0  # after the partition's last shard arrived
     search_s: float = 0.0
+    shards_added_early: int = Field(0, ge=0)  # added while the checkpoint was still encoding
 
     @model_validator(mode="after")
     def _partition_in_range(self) -> PartitionSearched:
