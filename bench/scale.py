@@ -49,7 +49,6 @@ from support.synthetic import make_tiny_bert, write_beir  # noqa: E402
 
 WORDS_PER_DOC = 24
 HIDDEN = 32  # the tiny encoder's embedding dimension
-OVERLAP_BUILD = False  # the partitions build after the last shard (plan --overlap-build off)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shards", type=int, default=40, help="corpus shards per refresh")
     p.add_argument("--steps", type=int, default=2, help="refreshes after checkpoint 0")
     p.add_argument("--keep-refreshes", type=int, default=1)
+    p.add_argument("--build-while-encoding", action=argparse.BooleanOptionalAction,
+                   default=True, help="index.build_while_encoding (plan --overlap-build)")
     p.add_argument("--max-minutes", type=float, default=120.0)
     p.add_argument("--baseline-docs", type=int, default=20_000,
                    help="a first run over this many documents: the processes' memory "
@@ -129,7 +130,7 @@ def run_config(args: argparse.Namespace, data: Path, model: Path, root: Path, do
                       "query_shard_size": 20_000, "batch_size": 256, "torch_threads": 1,
                       "claim_timeout_s": 1800, "embedding_dtype": "float16"},
         "index": {"type": "ivfpq", "pq": {"m": 8}, "partitions": args.partitions,
-                  "eval_depth": 100},
+                  "eval_depth": 100, "build_while_encoding": args.build_while_encoding},
         "store": {"keep_refreshes": args.keep_refreshes},
     }
 
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     load = capacity.workload(docs=dataset.num_docs, dim=HIDDEN, replicas=args.replicas,
                              docs_per_s=statistics.median(rates), train_queries=train,
                              eval_queries=evaluated, doc_tokens=WORDS_PER_DOC + 2,
-                             config=config, embedding_bytes=2, overlap_build=OVERLAP_BUILD)
+                             config=config, embedding_bytes=2,
+                             overlap_build=args.build_while_encoding)
     predicted = capacity.plan(load)
     report = {
         "command": command_line(), "date": utc_now(),
@@ -241,17 +243,25 @@ def render(report: dict) -> str:
              f"encoder: {p['encoder']} (a stand-in: the data path is what is measured); "
              f"{p['replicas']} inferencers, {p['shards']} corpus shards, float16 shards, "
              f"IVF-PQ (m 8) in {p['partitions']} partitions, store.keep_refreshes "
-             f"{p['keep_refreshes']}. Validation and the offset index: "
+             f"{p['keep_refreshes']}, index.build_while_encoding "
+             f"{str(p.get('build_while_encoding', False)).lower()}. Validation and the offset "
+             "index: "
              f"{report['prepare_s']:.0f} s.", "",
              "## Refreshes", "",
-             "| checkpoint | period | encode phase | tail after last shard | build (slowest "
-             "partition) | mine | evaluate | docs/s per replica | store bytes written |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "*Build after the last shard*: the slowest partition's build once its last shard "
+             "was in (with index.build_while_encoding the shards before it went in while "
+             "encoding: *shards added early*).", "",
+             "| checkpoint | period | encode phase | tail after last shard | shards added "
+             "early | build after the last shard | search | merge | mine | evaluate | "
+             "docs/s per replica | store bytes written |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["refreshes"]:
         t = r["timings"]
         rates = [v["docs_per_s"] for v in r["per_replica"].values() if v["docs_per_s"]]
         lines.append(f"| {r['step']} | {r['period_s']:.0f} s | {r['encode_phase_s']:.0f} s | "
-                     f"{r['tail_s']:.0f} s | {t.get('build_s', 0):.0f} s | "
+                     f"{r['tail_s']:.0f} s | {t.get('shards_added_early', 0):.0f} of "
+                     f"{p['shards']} | {t.get('build_s', 0):.0f} s | "
+                     f"{t.get('search_s', 0):.1f} s | {t.get('merge_s', 0):.1f} s | "
                      f"{t.get('mine_s', 0):.1f} s | {t.get('eval_s', 0):.1f} s | "
                      f"{statistics.median(rates) if rates else 0:,.0f} | "
                      f"{_gb(r['store_bytes_written'])} |")

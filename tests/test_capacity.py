@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ance_train.cli import app
-from ance_train.config import IndexConfig, parse_config
+from ance_train.config import IndexConfig, PqConfig, parse_config
 from ance_train.index import capacity
 from ance_train.index.ann import AnnIndex
 from ance_train.index.capacity import IndexRates, Workload, index_bytes, index_work, plan
@@ -47,9 +47,12 @@ def test_refresh_period_of_a_known_workload() -> None:
                                     "negatives": negatives,
                                     "total": 12_000_000 + 12_000 * row + negatives}
     assert result.index_bytes == 10_000 * (100 * 4 + 8)  # vectors + row → document map
-    # Two indexes (one serving, one building), the query matrix, the training and evaluation
-    # results, two tables.
+    # Two indexes (one serving, one building) and the larger of the build's buffers (a shard
+    # as stored and as float32) and the search's (the query matrix, the training and
+    # evaluation results); partition 0 (the only one) also two tables.
     results = (1000 * 100 + 1000 * 1000) * 12
+    building = 1000 * (100 * (4 + 4) + 8)
+    assert building < 2000 * 100 * 4 + results
     assert result.partition_bytes == 2 * result.index_bytes + 2000 * 100 * 4 + results
     assert result.indexer_bytes == result.partition_bytes + 2 * negatives
     assert result.pods == {"inferencer": 3, "indexer": 1}
@@ -78,9 +81,12 @@ def test_partitions_split_the_index_and_add_a_merge() -> None:
     assert four.seconds["merge"] == pytest.approx(4 * results / 12 / RATES.rates["merge"])
     assert four.seconds["mine"] == one.seconds["mine"]  # once, on the merged lists
     assert four.storage_bytes["partial_results"] == 4 * results
-    # Partition 0 holds the other partitions' lists while merging.
+    # Partition 0 holds the other partitions' lists while merging, the merged ones, and the
+    # corpus shards it reads vectors back from (4 shards of the default 1000, float32).
     assert four.indexer_bytes - four.partition_bytes == 3 * results + 2 * (
-        10_000 * 200 * capacity.NEGATIVE_CELL_BYTES)
+        10_000 * 200 * capacity.NEGATIVE_CELL_BYTES) + results + 4 * 1000 * (64 * 4 + 8)
+    # A partition packs its lists to store them: two more copies than one indexer holds.
+    assert four.partition_bytes == 2 * four.index_bytes + 10_500 * 64 * 4 + 3 * results
     assert four.partition_bytes < one.partition_bytes / 2
 
 
@@ -206,3 +212,19 @@ def test_plan_command(tmp_path: Path) -> None:
     assert "index_build" in split["hidden_seconds"] and "merge" in split["seconds"]
     both = runner.invoke(app, ["plan", "--docs", "10", "--train-queries", "1"])
     assert both.exit_code == 2 and "exactly one" in both.output
+
+
+def test_an_ivf_build_holds_its_k_means_sample_twice() -> None:
+    """IVF: the vectors waiting for training and the concatenated sample (ann.AnnIndex._train)
+    sit beside the two indexes while a build trains; the lists grow by doubling."""
+    ivf = IndexConfig(type="ivfpq", pq=PqConfig(m=8))
+    load = Workload(docs=1_000_000, dim=32, replicas=1, docs_per_s=1000.0, train_queries=10,
+                    shard_size=50_000, index=ivf)
+    result = plan(load, RATES)
+    sample = capacity.ivf_train_size(ivf, 1_000_000) * 32 * 4
+    assert sample == 4000 * 39 * 32 * 4
+    assert result.partition_bytes == 2 * result.index_bytes + 2 * sample + 50_000 * (32 * 8 + 8)
+    codes = 1_000_000 * (8 + 8)  # PQ codes + ids in the lists, 1.5 × for their growth
+    assert result.index_bytes == (1.5 * codes + 4000 * 32 * 4 + 256 * 32 * 4
+                                  + 1_000_000 * 8 + 1_000_000 * 8)
+    assert result.index_bytes == index_bytes(ivf, 1_000_000, 32) + 0.5 * codes

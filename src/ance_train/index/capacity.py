@@ -30,6 +30,10 @@ HNSW_QUANTIZER_EF_CONSTRUCTION = 40  # FAISS IndexHNSW's default efConstruction
 ID_BYTES = 8  # int64 document index per row (FAISS ids, AnnIndex row → document map)
 VECTOR_BYTES = 4  # float32 (FAISS works in float32 whatever the stored shards hold)
 RESULT_CELL_BYTES = 8 + 4  # a search result: document index int64 + score float32
+# FAISS's ArrayInvertedLists keep each list in a std::vector grown by doubling as shards are
+# added: capacity is 1 to 2 times the size, 1.5 taken (measured: 1.3 at 1M vectors, 32-d).
+IVF_LIST_GROWTH = 1.5
+MERGE_CACHE_SHARDS = 4  # corpus shards partition 0 keeps read back (MergedIndex cache_shards)
 # Bytes per negatives-table cell: candidate int64 + score f32 + probability f32 + source
 # int8 + first-seen int64 (negatives/table.py).
 NEGATIVE_CELL_BYTES = 8 + 4 + 4 + 1 + 8
@@ -105,6 +109,17 @@ def index_bytes(config: IndexConfig, num_vectors: int, dim: int) -> int:
             centroids += _hnsw_graph_bytes(nlist, HNSW_QUANTIZER_M)
         size = n * (code + ID_BYTES) + centroids + direct_map
     return size + n * ID_BYTES
+
+
+def index_memory_bytes(config: IndexConfig, num_vectors: int, dim: int) -> int:
+    """What the index holds in memory: :func:`index_bytes` (its serialised size), plus the
+    spare capacity of IVF lists grown shard by shard (``IVF_LIST_GROWTH``)."""
+    size = index_bytes(config, num_vectors, dim)
+    if config.type in ("ivf", "ivfpq"):
+        code = (dim * VECTOR_BYTES if config.type == "ivf"
+                else math.ceil(pq_m(config, dim) * config.pq.nbits / 8))
+        size += math.ceil(num_vectors * (code + ID_BYTES) * (IVF_LIST_GROWTH - 1))
+    return size
 
 
 def _hnsw_graph_bytes(nodes: int, m: int) -> int:
@@ -236,7 +251,7 @@ class Plan:
     storage_bytes: dict[str, int]  # per checkpoint
     index_bytes: int  # one partition's index (the whole index when partitions = 1)
     indexer_bytes: int  # the largest indexer pod, partition 0, which also merges and mines
-    partition_bytes: int  # any other partition: 2 indexes + queries + its results
+    partition_bytes: int  # any other partition: 2 indexes + its build or search buffers
     pods: dict[str, int]  # role → pods (inferencer, indexer)
     hidden_seconds: dict[str, float] = field(default_factory=dict)  # overlapped with encoding
 
@@ -313,12 +328,25 @@ def plan(load: Workload, rates: IndexRates | None = None) -> Plan:
         seconds["merge"] = parts * results / RESULT_CELL_BYTES / rates.rates["merge"]
     seconds["mine"] = load.train_queries * load.mine_depth / rates.rates["mine"]
     seconds["negatives_upload"] = negatives / store_rate
-    memory = index_bytes(cfg, n, d)
-    # The previous index keeps serving Search while the next one is built: two at the peak.
-    partition = 2 * memory + queries * d * VECTOR_BYTES + results
+    memory = index_memory_bytes(cfg, n, d)
+    # The previous index keeps serving Search while the next one is built: two at the peak,
+    # plus the larger of what building and searching hold beside them.
+    shard_bytes = min(load.shard_size, load.docs) * (d * (load.embedding_bytes + VECTOR_BYTES)
+                                                     + ID_BYTES)  # as stored + as float32
+    building = shard_bytes
+    if cfg.type in ("ivf", "ivfpq"):  # the k-means sample, pending and then concatenated
+        building += 2 * ivf_train_size(cfg, n) * d * VECTOR_BYTES
+    # The query vectors and the lists; a partition also packs its lists to store them (the
+    # buffer and its bytes: two more copies).
+    searching = queries * d * VECTOR_BYTES + results * (3 if parts > 1 else 1)
+    partition = 2 * memory + max(building, searching)
     # Partition 0 also holds the other partitions' lists while merging, and the previous
-    # negatives table (the base of the next one) beside the new one.
+    # negatives table (the base of the next one) beside the new one; with partitions, the
+    # merged lists and the corpus shards it reads vectors back from.
     indexer = partition + (parts - 1) * results + 2 * negatives
+    if parts > 1:
+        indexer += results + MERGE_CACHE_SHARDS * min(load.shard_size, load.docs) * (
+            d * VECTOR_BYTES + ID_BYTES)
     partials = parts * results if parts > 1 else 0
     storage = {"checkpoint": checkpoint, "embeddings": embeddings, "negatives": negatives}
     if partials:

@@ -362,6 +362,8 @@ class Indexer:
         if shard is None or (self.plans[step].work(ShardKind.CORPUS)[shard].key
                              not in self.received.get(step, set())):
             return False
+        # The phase says so (Status), the state stays: this is work between events.
+        self.ctx.state.update(phase=f"building index {step}")
         return self._attempt(step, lambda _: self._add_next(build, early=True))
 
     def _index(self, step: int, cancel: Callable[[], None]) -> tuple[AnnIndex, QueryVectors, int]:

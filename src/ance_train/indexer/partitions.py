@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ance_train.index.ann import AnnIndex, blockwise_scores
+from ance_train.index.capacity import MERGE_CACHE_SHARDS
 from ance_train.index.merge import merge_topk
 from ance_train.infra.store import ObjectStore
 from ance_train.protocol.embeddings import unpack_embeddings
@@ -66,8 +67,8 @@ class MergedIndex:
     """
 
     def __init__(self, store: ObjectStore, plan: RefreshPlan, dim: int,
-                 cache_shards: int = 4, known: tuple[np.ndarray, np.ndarray] | None = None
-                 ) -> None:
+                 cache_shards: int = MERGE_CACHE_SHARDS,
+                 known: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.store = store
         self.plan = plan
         self.dim = dim
