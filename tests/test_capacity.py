@@ -176,6 +176,10 @@ def test_workload_takes_settings_from_a_run_config() -> None:
     assert (load.shard_size, load.mine_depth, load.doc_tokens) == (500, 100, 128)
     assert load.index.type == "ivfpq" and load.index.ivf.nlist == 64
     assert load.partitions == 3
+    assert load.overlap_build  # index.build_while_encoding, on by default
+    off = parse_config({"data": {"path": "d"}, "index": {"build_while_encoding": False}})
+    assert not capacity.workload(docs=10, dim=8, replicas=1, docs_per_s=1.0, train_queries=1,
+                                 config=off).overlap_build
 
 
 def test_throughput_from_an_encode_report(tmp_path: Path) -> None:

@@ -343,9 +343,10 @@ def plan(
     indexer_cpus: Annotated[int | None, typer.Option(
         min=1, help="Cores per indexer pod (default: those the index rates were measured "
                     "on); rates scale linearly.")] = None,
-    overlap_build: Annotated[bool, typer.Option(
-        help="Partitions add each shard as it is encoded (the build overlaps encoding).")
-    ] = False,
+    overlap_build: Annotated[bool | None, typer.Option(
+        help="The indexer adds each shard as it is encoded, so the build overlaps encoding "
+             "(default: the config's index.build_while_encoding, on).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Predict the refresh period, storage per checkpoint and index memory of a run."""

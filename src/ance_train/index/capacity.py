@@ -239,8 +239,8 @@ class Workload:
     partitions: int = 1  # index.partitions: indexer processes, each over 1/P of the shards
     embedding_bytes: int = VECTOR_BYTES  # per value in a shard: 4 float32, 2 float16
     indexer_cpus: int | None = None  # cores of each indexer pod (None: the rates' machine)
-    # The partitions add each shard as it is encoded (index builds overlap encoding): only
-    # the build work encoding does not hide, plus the last shard's, stays on the refresh.
+    # The indexer adds each shard as it is encoded (index.build_while_encoding): only the
+    # build work encoding does not hide, plus the last shard's, stays on the refresh.
     overlap_build: bool = False
 
 
@@ -386,11 +386,13 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
              config: RunConfig | None = None, index_type: str | None = None,
              ivf_quantizer: str | None = None, partitions: int | None = None,
              embedding_bytes: int = VECTOR_BYTES, indexer_cpus: int | None = None,
-             overlap_build: bool = False) -> Workload:
+             overlap_build: bool | None = None) -> Workload:
     """A :class:`Workload`; a run configuration supplies the index settings, shard sizes,
     mining and evaluation depths and caps the token counts at the model's max lengths."""
     extra: dict = {}
     index = config.index if config else IndexConfig()
+    if overlap_build is None:  # the config's (index.build_while_encoding)
+        overlap_build = index.build_while_encoding
     if config is not None:
         neg = config.negatives
         extra = {"shard_size": config.inference.shard_size,
