@@ -5,6 +5,8 @@ user are refused; the services' own client code works with the right ones."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -266,8 +268,15 @@ def test_services_bus_and_rpc_work_over_tls_with_the_acl_user(
         bus.register("indexer", "indexer-7", server.address)
         address = bus.services()["indexer:indexer-7"]
         assert fetch_status(address).instance == "indexer-7"
+        # The chart's probe with gRPC TLS (native grpc probes cannot speak TLS): it dials
+        # loopback and checks the certificate's service name, with the service's environment.
+        probe = [sys.executable, "-m", "ance_train.infra.health_probe", str(server.port)]
+        answer = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        assert (answer.returncode, answer.stdout.strip()) == (0, "SERVING"), answer.stderr
         monkeypatch.setenv("ANCE_GRPC_TLS", "0")  # a plaintext client of the same code path
         with pytest.raises(grpc.RpcError):
             fetch_status(address)
+        answer = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        assert answer.returncode == 1 and "UNAVAILABLE" in answer.stderr
     finally:
         server.stop(grace_s=0.1)
