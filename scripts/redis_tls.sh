@@ -20,7 +20,11 @@ if ! command -v apt-get >/dev/null || ! command -v dpkg >/dev/null; then
   exit 1
 fi
 mkdir -p "$dest/debs" "$dest/bin"
-(cd "$dest/debs" && apt-get download redis-tools libjemalloc2 liblzf1)
+if ! (cd "$dest/debs" && apt-get download redis-tools libjemalloc2 liblzf1); then
+  echo "redis_tls.sh: apt-get download failed; with no package lists yet, run" \
+       "'apt-get update' (as root) first" >&2
+  exit 1
+fi
 for deb in "$dest"/debs/*.deb; do dpkg -x "$deb" "$dest"; done
 ln -sf ../usr/bin/redis-check-rdb "$dest/bin/redis-server"
 LD_LIBRARY_PATH="$PWD/$dest/usr/lib/x86_64-linux-gnu" "$dest/bin/redis-server" --version

@@ -114,7 +114,7 @@ rank 0 hosts a fresh rendezvous store instead of reusing the dead group's addres
 send. The same list as ance_train.infra.tls.redis_acl_rule (tests/test_helm_chart.py
 compares the rendered rule with it): a command added there is added here. */}}
 {{- define "ance-train.redisAclRules" -}}
-{{- $commands := list "ping" "get" "set" "scan" "multi" "exec" "xadd" "xread" "xrange" "xrevrange" "xreadgroup" "xack" "xautoclaim" "xclaim" "xpending" "xgroup|create" "evalsha" "eval" "script|load" }}
+{{- $commands := list "ping" "get" "set" "scan" "multi" "exec" "xadd" "xread" "xrange" "xrevrange" "xreadgroup" "xack" "xautoclaim" "xclaim" "xpending" "xgroup|create" "evalsha" "script|load" }}
 {{- $rules := list "resetkeys" "resetchannels" "-@all" (printf "~ance:%s:*" .Values.run.id) }}
 {{- range $commands }}{{ $rules = append $rules (printf "+%s" .) }}{{ end }}
 {{- toJson $rules }}

@@ -145,7 +145,8 @@ def redis_client_options(url: str, env: Mapping[str, str] = os.environ) -> dict[
 # -- the Redis ACL user of least privilege ---------------------------------------------------
 # Every command the services, the launcher and the CLI send (grep the code for ``client.``):
 # events and the work queue (Streams + consumer groups), plain keys, the inferencer's Lua
-# marker (EVALSHA, SCRIPT LOAD on NOSCRIPT, and the GET/SET it runs), and what redis-py sends
+# marker (EVALSHA, and SCRIPT LOAD on NOSCRIPT: redis-py never sends EVAL for it; the GET/SET
+# the script runs are checked against the same rule), and what redis-py sends
 # on a connection (AUTH and HELLO are always allowed; PING is its health check; CLIENT
 # SETINFO, whose refusal it ignores, is not granted). A new command in the code is refused
 # for this user until it is added here (tests/test_tls.py runs the bus as this user).
@@ -153,7 +154,7 @@ REDIS_ACL_COMMANDS: tuple[str, ...] = (
     "ping", "get", "set", "scan", "multi", "exec",
     "xadd", "xread", "xrange", "xrevrange", "xreadgroup", "xack", "xautoclaim", "xclaim",
     "xpending", "xgroup|create",
-    "evalsha", "eval", "script|load",
+    "evalsha", "script|load",
 )
 
 
