@@ -16,6 +16,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import redis
+from test_helm_chart import _validate_all
 
 from ance_train.infra import bus as bus_module
 from ance_train.infra.bus import EventBus
@@ -29,6 +30,7 @@ from helm_render import (
     containers,
     find,
     lint_chart,
+    merge_values,
     one,
     pod_spec,
     render_chart,
@@ -98,6 +100,26 @@ def test_every_ance_container_gets_the_secrets_and_the_tls_settings(
             assert "grpc" not in main[probe], (role, probe)  # native probes cannot speak TLS
             assert main[probe]["exec"]["command"] == [
                 "python", "-m", "ance_train.infra.health_probe", "50051"], (role, probe)
+
+
+@pytest.mark.parametrize("variant", [
+    {"trainer": {"kubeflow": {"enabled": True}, "nodes": 2}},
+    {"trainer": {"nodes": 2, "procsPerNode": 2, "gpus": 2}},
+    {"run": {"config": {"index": {"partitions": 3}}}},
+], ids=["kubeflow", "trainer-ranks", "index-partitions"])
+def test_every_workload_shape_gets_the_tls_secrets(variant: dict[str, Any]) -> None:
+    objects = render_chart(merge_values(SECURE, variant))
+    _validate_all(objects)
+    pods = [pod_spec(o) for o in objects if o["kind"] in {"Job", "Deployment", "StatefulSet"}]
+    pods += [replica["template"]["spec"] for o in find(objects, "PyTorchJob")
+             for replica in o["spec"]["pytorchReplicaSpecs"].values()]
+    ance = [c for spec in pods for c in [*spec.get("initContainers", []), *spec["containers"]]
+            if "ANCE_CONFIG" in _env(c)]
+    assert len(ance) >= 4
+    for container in ance:
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert {"/etc/ance-tls/grpc", "/etc/ance-tls/redis"} <= mounts, container["name"]
+        assert _env(container)["ANCE_GRPC_TLS"] == "1"
 
 
 def _config_lines(args: list[str]) -> dict[str, list[list[str]]]:
