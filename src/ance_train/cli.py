@@ -80,6 +80,7 @@ def _connect_run(config: Path | None, redis_url: str | None, run_id: str | None)
     if redis_url is None or run_id is None:
         err.print("[red]error:[/] give --config of an embedded run, or --redis-url and --run-id")
         raise typer.Exit(2)
+    _check_environment(service=False, redis_url=redis_url)  # TLS settings (gRPC and Redis)
     client = events.connect(redis_url)  # AUTH with ANCE_REDIS_PASSWORD when set
     try:
         client.ping()
