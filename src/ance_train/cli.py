@@ -43,16 +43,22 @@ def _load(config: Path):
         raise typer.Exit(2) from None
 
 
-def _check_environment(service: bool = True) -> None:
+def _check_environment(service: bool = True, redis_url: str | None = None) -> None:
     """Settings from the environment, checked before a process connects anywhere."""
     from ance_train.infra.credentials import CredentialsError, require_cluster_credentials
+    from ance_train.infra.tls import GrpcTls, redis_client_options
     from ance_train.observability.kube import KubeConfigError, KubeSettings
     from ance_train.observability.metrics import MetricsConfigError, metrics_port
     from ance_train.runtime import dataset_timeout_s
 
     try:
         require_cluster_credentials()
+        grpc_tls = GrpcTls.from_env()  # the certificate files are read here: named if missing
+        if redis_url is not None:
+            redis_client_options(redis_url)
         if service:
+            if grpc_tls is not None:
+                grpc_tls.server_credentials()  # a server needs its certificate and key
             metrics_port()
             KubeSettings.from_env()
             dataset_timeout_s()
@@ -74,6 +80,7 @@ def _connect_run(config: Path | None, redis_url: str | None, run_id: str | None)
     if redis_url is None or run_id is None:
         err.print("[red]error:[/] give --config of an embedded run, or --redis-url and --run-id")
         raise typer.Exit(2)
+    _check_environment(service=False, redis_url=redis_url)  # TLS settings (gRPC and Redis)
     client = events.connect(redis_url)  # AUTH with ANCE_REDIS_PASSWORD when set
     try:
         client.ping()
@@ -140,7 +147,7 @@ def serve(
         connect_context,
     )
 
-    _check_environment()  # fail fast with a clear message before connecting anywhere
+    _check_environment(redis_url=redis_url)  # fail fast, clearly, before connecting anywhere
     _load(config)
     if role is Role.trainer:
         from ance_train.observability.metrics import METRICS_PORT_VAR

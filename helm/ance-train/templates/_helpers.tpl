@@ -99,7 +99,37 @@ rank 0 hosts a fresh rendezvous store instead of reusing the dead group's addres
 
 {{- define "ance-train.redisUrl" -}}
 {{- $db := ternary 0 (.Values.externalRedis.db | int) .Values.redis.enabled }}
-{{- printf "redis://%s:%s/%d" (include "ance-train.redisHost" .) (include "ance-train.redisPort" .) $db }}
+{{- $scheme := ternary "rediss" "redis" .Values.tls.redis.enabled }}
+{{- printf "%s://%s:%s/%d" $scheme (include "ance-train.redisHost" .) (include "ance-train.redisPort" .) $db }}
+{{- end }}
+
+{{/* Where the TLS Secrets are mounted (tls.*; every key of a kubernetes.io/tls Secret). */}}
+{{- define "ance-train.tlsDir" -}}/etc/ance-tls{{- end }}
+
+{{- define "ance-train.grpcServerName" -}}
+{{- default (printf "%s-grpc" (include "ance-train.fullname" .)) .Values.tls.grpc.serverName }}
+{{- end }}
+
+{{/* The ACL rules of the services' Redis user: the run's keys and the commands the services
+send. The same list as ance_train.infra.tls.redis_acl_rule (tests/test_helm_chart.py
+compares the rendered rule with it): a command added there is added here. */}}
+{{- define "ance-train.redisAclRules" -}}
+{{- $commands := list "ping" "get" "set" "scan" "multi" "exec" "xadd" "xread" "xrange" "xrevrange" "xreadgroup" "xack" "xautoclaim" "xclaim" "xpending" "xgroup|create" "evalsha" "script|load" }}
+{{- $rules := list "resetkeys" "resetchannels" "-@all" (printf "~ance:%s:*" .Values.run.id) }}
+{{- range $commands }}{{ $rules = append $rules (printf "+%s" .) }}{{ end }}
+{{- toJson $rules }}
+{{- end }}
+
+{{/* How kubelet probes an ance service: the native gRPC health probe, or with gRPC TLS (which
+native probes cannot speak) the same health check run in the container. */}}
+{{- define "ance-train.grpcProbe" -}}
+{{- if .Values.tls.grpc.enabled }}
+exec:
+  command: ["python", "-m", "ance_train.infra.health_probe", "50051"]
+{{- else }}
+grpc:
+  port: 50051
+{{- end }}
 {{- end }}
 
 {{- define "ance-train.s3Endpoint" -}}
@@ -127,6 +157,35 @@ secretKeyRef:
   key: {{ index $ctx.Values.auth.secretKeys (index . 1) }}
 {{- end }}
 
+{{/* The TLS settings of every ance container (tls.*; read by ance_train.infra.tls). */}}
+{{- define "ance-train.tlsEnv" -}}
+{{- $tlsDir := include "ance-train.tlsDir" . }}
+{{- if .Values.tls.redis.enabled }}
+- name: ANCE_REDIS_TLS_CA
+  value: {{ printf "%s/redis/ca.crt" $tlsDir }}
+{{- if .Values.tls.redis.clientSecretName }}
+- name: ANCE_REDIS_TLS_CERT
+  value: {{ printf "%s/redis-client/tls.crt" $tlsDir }}
+- name: ANCE_REDIS_TLS_KEY
+  value: {{ printf "%s/redis-client/tls.key" $tlsDir }}
+{{- end }}
+{{- end }}
+{{- if .Values.tls.grpc.enabled }}
+- name: ANCE_GRPC_TLS
+  value: "1"
+- name: ANCE_GRPC_TLS_CA
+  value: {{ printf "%s/grpc/ca.crt" $tlsDir }}
+- name: ANCE_GRPC_TLS_CERT
+  value: {{ printf "%s/grpc/tls.crt" $tlsDir }}
+- name: ANCE_GRPC_TLS_KEY
+  value: {{ printf "%s/grpc/tls.key" $tlsDir }}
+- name: ANCE_GRPC_TLS_MUTUAL
+  value: {{ ternary "1" "0" .Values.tls.grpc.mutual | quote }}
+- name: ANCE_GRPC_TLS_SERVER_NAME
+  value: {{ include "ance-train.grpcServerName" . | quote }}
+{{- end }}
+{{- end }}
+
 {{/* Environment of every ance container (the contract with services/: ANCE_*). */}}
 {{- define "ance-train.env" -}}
 - name: POD_IP
@@ -148,6 +207,11 @@ secretKeyRef:
 - name: ANCE_REDIS_PASSWORD
   valueFrom:
     {{- include "ance-train.secretRef" (list . "redisPassword") | nindent 4 }}
+{{- with .Values.auth.redisUsername }}
+- name: ANCE_REDIS_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- include "ance-train.tlsEnv" . }}
 - name: ANCE_S3_ENDPOINT
   value: {{ include "ance-train.s3Endpoint" . | quote }}
 - name: ANCE_S3_BUCKET
@@ -198,6 +262,48 @@ secretKeyRef:
   mountPath: /work
 - name: tmp
   mountPath: /tmp
+{{- include "ance-train.tlsMounts" . }}
+{{- end }}
+
+{{/* The TLS Secrets' mounts / volumes in the ance pods (tls.*). */}}
+{{- define "ance-train.tlsMounts" -}}
+{{- $tlsDir := include "ance-train.tlsDir" . }}
+{{- if .Values.tls.grpc.enabled }}
+- name: tls-grpc
+  mountPath: {{ $tlsDir }}/grpc
+  readOnly: true
+{{- end }}
+{{- if .Values.tls.redis.enabled }}
+- name: tls-redis
+  mountPath: {{ $tlsDir }}/redis
+  readOnly: true
+{{- if .Values.tls.redis.clientSecretName }}
+- name: tls-redis-client
+  mountPath: {{ $tlsDir }}/redis-client
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "ance-train.tlsVolumes" -}}
+{{- if .Values.tls.grpc.enabled }}
+- name: tls-grpc
+  secret:
+    secretName: {{ required "tls.grpc.secretName is required when tls.grpc.enabled" .Values.tls.grpc.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.tls.redis.enabled }}
+- name: tls-redis
+  secret:
+    secretName: {{ required "tls.redis.secretName is required when tls.redis.enabled" .Values.tls.redis.secretName }}
+    defaultMode: 0440
+{{- with .Values.tls.redis.clientSecretName }}
+- name: tls-redis-client
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Volumes of every ance pod: the run config, the dataset (read-only; none when
@@ -230,6 +336,7 @@ s3://bucket/prefix/), scratch space. */}}
     {{- with .Values.tmpDir.sizeLimit }}
     sizeLimit: {{ . }}
     {{- end }}
+{{- include "ance-train.tlsVolumes" . }}
 {{- end }}
 
 {{/* requests/limits with the role's GPUs added to both; args: (list $ctx resources gpus). */}}

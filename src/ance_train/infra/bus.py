@@ -26,6 +26,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ance_train.infra.credentials import REDIS_PASSWORD_VAR, redis_password
+from ance_train.infra.tls import REDIS_USERNAME_VAR, redis_client_options
 from ance_train.protocol import keys
 from ance_train.protocol.events import Event
 from ance_train.protocol.message import MalformedMessage, Message
@@ -79,7 +80,8 @@ class _Retry(Retry):
                 return do()
             except redis.AuthenticationError as error:
                 raise RedisAuthError(
-                    f"Redis refused authentication ({error}); check {REDIS_PASSWORD_VAR}"
+                    f"Redis refused authentication ({error}); check {REDIS_USERNAME_VAR} and "
+                    f"{REDIS_PASSWORD_VAR}"
                 ) from error
 
         return super().call_with_retry(attempt, fail, *args, **kwargs)
@@ -89,11 +91,13 @@ def connect(url: str, password: str | None = None) -> redis.Redis:
     """A client that retries broken connections (Redis restarts) with backoff.
 
     ``password`` (default: ``ANCE_REDIS_PASSWORD``) is the AUTH password, used unless the URL
-    carries one.
+    carries one; ``ANCE_REDIS_USERNAME`` the ACL user, and a ``rediss://`` URL TLS with
+    ``ANCE_REDIS_TLS_*`` (:func:`ance_train.infra.tls.redis_client_options`).
     """
     return redis.Redis.from_url(
         url,
         password=password or redis_password(),
+        **redis_client_options(url),
         decode_responses=True,
         retry=_Retry(ExponentialBackoff(cap=5.0, base=0.1), retries=20),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],

@@ -1,4 +1,8 @@
-"""gRPC plumbing shared by the services: health + Control.Status, and client helpers."""
+"""gRPC plumbing shared by the services: health + Control.Status, and client helpers.
+
+Every server and channel of the project is made here, so that TLS (``ANCE_GRPC_TLS*``,
+:class:`ance_train.infra.tls.GrpcTls`) covers all of them; off by default (plaintext, as the
+embedded launcher's services on loopback use it)."""
 
 from __future__ import annotations
 
@@ -6,11 +10,13 @@ import threading
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Literal
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ance_train.infra.proto import ance_pb2, ance_pb2_grpc
+from ance_train.infra.tls import GrpcTls
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -62,11 +68,13 @@ class _Control(ance_pb2_grpc.ControlServicer):
 
 
 class GrpcServer:
-    """A gRPC server with the health service and Control.Status; more servicers may be added."""
+    """A gRPC server with the health service and Control.Status; more servicers may be added.
+
+    ``tls``: the TLS settings; None: those of the environment; False: plaintext."""
 
     def __init__(self, state: ServiceState, port: int = 0, host: str = "127.0.0.1",
                  add_servicers: Callable[[grpc.Server], None] | None = None,
-                 max_workers: int = 8) -> None:
+                 max_workers: int = 8, tls: GrpcTls | Literal[False] | None = None) -> None:
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
@@ -76,7 +84,10 @@ class GrpcServer:
         ance_pb2_grpc.add_ControlServicer_to_server(_Control(state), self.server)
         if add_servicers is not None:
             add_servicers(self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.tls = GrpcTls.from_env() if tls is None else tls or None
+        bind = f"{host}:{port}"
+        self.port = (self.server.add_secure_port(bind, self.tls.server_credentials()) if self.tls
+                     else self.server.add_insecure_port(bind))
         if self.port == 0:
             raise RuntimeError(f"cannot bind gRPC port {host}:{port}")
         self.host = host
@@ -101,10 +112,16 @@ class GrpcServer:
         self.server.stop(grace_s).wait()
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+def channel(address: str, tls: GrpcTls | Literal[False] | None = None) -> grpc.Channel:
+    """A channel to ``address``; TLS as ``tls`` says (None: the environment's settings;
+    False: plaintext)."""
+    settings = GrpcTls.from_env() if tls is None else tls or None
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    if settings is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, settings.channel_credentials(),
+                               options=options + settings.channel_options())
 
 
 def fetch_status(address: str, timeout_s: float = 3.0) -> ance_pb2.StatusReply:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import redis
@@ -37,10 +38,17 @@ def redis_server_binary() -> str:
 class RedisServer:
     """A redis-server child process bound to loopback, with its data in ``directory``."""
 
-    def __init__(self, directory: Path, port: int | None = None, password: str | None = None):
+    def __init__(self, directory: Path, port: int | None = None, password: str | None = None,
+                 extra_args: Sequence[str] = (), binary: str | None = None,
+                 env: Mapping[str, str] | None = None):
+        """``extra_args``: more configuration (TLS, ACL users: tests/test_tls.py), for
+        ``binary`` (default :func:`redis_server_binary`) run with ``env``."""
         self.directory = Path(directory)
         self.port = port or free_port()
         self.password = password
+        self.extra_args = list(extra_args)
+        self.binary = binary
+        self.env = dict(env) if env is not None else None
         self.process: subprocess.Popen | None = None
 
     @property
@@ -50,16 +58,19 @@ class RedisServer:
 
     def start(self, timeout_s: float = 20.0) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
-        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "always",
+        args = [self.binary or redis_server_binary(), "--port", str(self.port),
+                "--bind", "127.0.0.1", "--dir", str(self.directory), "--appendonly", "yes",
+                "--appendfsync", "always",
                 "--save", "", "--protected-mode", "yes", "--daemonize", "no"]
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.extra_args
         log = open(self.directory / "redis.log", "ab")  # noqa: SIM115 - owned by the child
         # Own session: a Ctrl-C in the terminal reaches the launcher, which stops the services
         # first and Redis last; PDEATHSIG: Redis never outlives the process that started it.
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                        env=self.env,
                                         preexec_fn=die_with_parent)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
