@@ -102,6 +102,7 @@ def run(
 ) -> None:
     """Run trainer, inferencers and indexer as local processes (the embedded mode)."""
     from ance_train.data.problems import DataError
+    from ance_train.infra.disk import InsufficientDisk
     from ance_train.infra.store import StorageError
     from ance_train.launcher.embedded import EmbeddedRun, RunAborted
     from ance_train.modeling.model import ModelLoadError
@@ -114,7 +115,7 @@ def run(
     signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         EmbeddedRun(cfg, config, overwrite=overwrite, max_minutes=max_minutes).execute()
-    except (DataError, ModelLoadError, RunAborted, StorageError) as error:
+    except (DataError, InsufficientDisk, ModelLoadError, RunAborted, StorageError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:

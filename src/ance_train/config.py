@@ -493,6 +493,32 @@ class HnswConfig(_Strict):
         128, ge=1, description="Search beam width; raised to k for deeper searches.")
 
 
+class SearchLimits(_Strict):
+    """Limits of the indexer's ad-hoc ``Retrieval.Search`` endpoint (docs/reliability.md, "Search
+    under load"). Beyond each, the call fails at once with a clear status: nothing waits in an
+    unbounded queue and no request holds the server past its client's deadline."""
+
+    max_concurrent_rpcs: int = Field(
+        64, ge=1,
+        description="RPCs in flight on the indexer's gRPC server (Search, partition fan-outs, "
+                    "health and Status alike). Beyond it gRPC answers RESOURCE_EXHAUSTED "
+                    "('Concurrent RPC limit exceeded!') without queueing; the server's worker "
+                    "threads take the admitted ones in turn, so at most this many minus the "
+                    "workers wait.")
+    max_message_bytes: int = Field(
+        64 * 1024 * 1024, ge=4096,
+        description="Largest request or reply message (gRPC max_receive/max_send_message_length); "
+                    "a larger one is answered RESOURCE_EXHAUSTED naming both sizes.")
+    max_queries: int = Field(1024, ge=1, description="Queries (texts or embeddings) per request; "
+                                                     "more is INVALID_ARGUMENT.")
+    max_k: int = Field(10000, ge=1, description="Hits per query; more is INVALID_ARGUMENT.")
+    batch_queries: int = Field(
+        64, ge=1,
+        description="Queries per FAISS call within one request: between calls the server checks "
+                    "that the client is still waiting (deadline, cancellation) and stops work "
+                    "on a request it has given up (DEADLINE_EXCEEDED / CANCELLED).")
+
+
 class IndexConfig(_Strict):
     """Indexer: ANN search, negative mining and evaluation.
 
@@ -512,6 +538,7 @@ class IndexConfig(_Strict):
     ivf: IvfConfig = Field(default_factory=IvfConfig)
     pq: PqConfig = Field(default_factory=PqConfig)
     hnsw: HnswConfig = Field(default_factory=HnswConfig)
+    search: SearchLimits = Field(default_factory=SearchLimits)
     partitions: int = Field(
         1, ge=1, le=1024,
         description="Indexer processes, each building the index of a fixed part of the corpus "

@@ -194,9 +194,11 @@ class ServiceContext:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
 
-    def start_server(self, add_servicers: Callable[[grpc.Server], None] | None = None) -> None:
+    def start_server(self, add_servicers: Callable[[grpc.Server], None] | None = None,
+                     **limits: int) -> None:
+        """``limits``: :class:`GrpcServer`'s ``max_message_bytes`` / ``max_concurrent_rpcs``."""
         self.server = GrpcServer(self.state, self.options.grpc_port, self.options.grpc_host,
-                                 add_servicers).start()
+                                 add_servicers, **limits).start()
         threading.Thread(target=self._heartbeat, name="registry", daemon=True).start()
         self.log.info("gRPC on %s", self.server.address)
 
@@ -228,7 +230,7 @@ class ServiceContext:
 
     def serve(self, main: Callable[[], object],
               add_servicers: Callable[[grpc.Server], None] | None = None,
-              finishes: bool = False) -> int:
+              finishes: bool = False, **limits: int) -> int:
         """Run a service: signals, gRPC server, then ``main`` until it returns or is stopped.
 
         ``finishes``: the role ends by itself (the trainer, a Kubernetes Job). In the cluster
@@ -238,7 +240,7 @@ class ServiceContext:
         stays up, still answering Status and health, until the release is uninstalled.
         """
         self.install_signal_handlers()
-        self.start_server(add_servicers)
+        self.start_server(add_servicers, **limits)
         try:
             main()
             if cluster_mode() and finishes and self.stop.is_set():

@@ -10,6 +10,7 @@ and the documents of a batch are fetched as few ranged GETs (neighbours within
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -136,9 +137,12 @@ class Corpus:
     def _doc_at(self, index: int) -> tuple[str, str, str]:
         if self.remote:
             return self._parse_at(index, self._remote_lines([index])[index])
-        handle = self._file
-        handle.seek(int(self.offsets[index]))
-        return self._parse_at(index, handle.readline())
+        # A positional read (pread), not seek + readline: the Search server's worker threads
+        # name hits concurrently through one handle, and a shared file position races.
+        start, end = self._span(index)
+        raw = os.pread(self._file.fileno(), end - start, start)
+        newline = raw.find(b"\n")
+        return self._parse_at(index, raw if newline < 0 else raw[: newline + 1])
 
     def _span(self, index: int) -> tuple[int, int]:
         """Bytes ``[start, end)`` from document ``index``'s line to the next document's."""

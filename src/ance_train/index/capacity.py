@@ -15,6 +15,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ance_train.config import IndexConfig, RunConfig
 
 MIN_POINTS_PER_LIST = 39  # FAISS k-means warns below this many training points per centroid
@@ -464,3 +466,71 @@ def render(load: Workload, result: Plan, rates: IndexRates) -> str:
                  if load.partitions > 1 else ""),
               f"index rates: {rates.source} ({rates.cpus} cores, scaled linearly to {cpus})"]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class StoreNeed:
+    """Bytes the embedded run's store will hold at its fullest, by kind (``plan``'s sizes
+    per checkpoint times what retention keeps)."""
+
+    parts: dict[str, int]
+    checkpoints: int  # checkpoints the run writes
+    kept_checkpoints: int
+    kept_refreshes: int
+    per_checkpoint: int  # weights + Adam state of one checkpoint
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} {_size(size)}" for name, size in self.parts.items())
+
+
+def run_store_bytes(config: RunConfig, *, docs: int, train_queries: int, eval_queries: int,
+                    dim: int, model_params: int, dataset_bytes: int = 0) -> StoreNeed:
+    """What the run's store needs: every checkpoint (weights + Adam state) and every refresh's
+    embeddings, negatives table and partition lists (:func:`plan`'s ``storage_bytes``),
+    bounded by ``store.keep_checkpoints`` / ``store.keep_refreshes`` when set. Retention
+    keeps more than N at times: the best and the served checkpoint besides the newest N, and
+    the refresh the trainer still reads besides the newest N built, so N + 2 checkpoints and
+    N + 1 refreshes are counted. ``dataset_bytes``: the dataset copy published to the store.
+    """
+    embedding_bytes = int(np.dtype(config.inference.embedding_dtype).itemsize)
+    load = workload(docs=docs, dim=dim, replicas=1, docs_per_s=1.0,
+                    train_queries=train_queries, eval_queries=eval_queries,
+                    model_params=model_params, config=config, embedding_bytes=embedding_bytes)
+    per = plan(load).storage_bytes
+    steps, every = config.training.steps, config.training.refresh_every
+    checkpoints = 1 + math.ceil(steps / every)  # step 0, every refresh_every, the last step
+    keep_c, keep_r = config.store.keep_checkpoints, config.store.keep_refreshes
+    kept_c = checkpoints if keep_c is None else min(checkpoints, keep_c + 2)
+    kept_r = checkpoints if keep_r is None else min(checkpoints, keep_r + 1)
+    parts = {"checkpoints": kept_c * per["checkpoint"],
+             "refreshes": kept_r * (per["total"] - per["checkpoint"])}
+    if dataset_bytes:
+        parts["dataset"] = dataset_bytes
+    return StoreNeed(parts={k: int(v) for k, v in parts.items()}, checkpoints=checkpoints,
+                     kept_checkpoints=kept_c, kept_refreshes=kept_r,
+                     per_checkpoint=int(per["checkpoint"]))
+
+
+def encoder_size(path: str | Path, projection_dim: int | None = None) -> tuple[int, int]:
+    """(parameters, embedding dimension) of a Hugging Face encoder directory, read from its
+    ``config.json`` and its weight files' headers (nothing is loaded); a projection head
+    (``model.projection_dim``) adds hidden × dim + dim weights and a LayerNorm."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    hidden = int(json.loads((path / "config.json").read_text())["hidden_size"])
+    params = 0
+    files = sorted(path.glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), framework="numpy") as weights:
+            for name in weights.keys():  # noqa: SIM118 - safe_open is not a mapping
+                params += math.prod(weights.get_slice(name).get_shape())
+    if not files:  # a PyTorch pickle: its size in float32 words bounds the count
+        params = sum(f.stat().st_size for f in path.glob("*.bin")) // VECTOR_BYTES
+    if projection_dim:
+        params += hidden * projection_dim + 3 * projection_dim
+    return params, projection_dim or hidden

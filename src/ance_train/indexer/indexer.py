@@ -123,7 +123,7 @@ class Indexer:
         directory = (None if self.partitions == 1 else
                      PartitionDirectory(ctx.bus, self.partition, self.partitions))
         self.search = SearchService(ctx.corpus, self.models, ctx.config.model.max_query_length,
-                                    directory)
+                                    directory, cfg.index.search)
         self._last_poll = 0.0
         self.telemetry = IndexerTelemetry(ctx.reporter)
         # Partition 0 reports the refreshes; the other partitions have no scalars to track.
@@ -685,4 +685,7 @@ class Indexer:
 
 def serve(ctx: ServiceContext) -> int:
     indexer = Indexer(ctx)
-    return ctx.serve(indexer.run, indexer.search.add_to_server)
+    limits = ctx.config.index.search
+    return ctx.serve(indexer.run, indexer.search.add_to_server,
+                     max_message_bytes=limits.max_message_bytes,
+                     max_concurrent_rpcs=limits.max_concurrent_rpcs)

@@ -12,6 +12,14 @@ merges them (:func:`ance_train.index.merge.merge_topk`). All partitions must ans
 same checkpoint; while a refresh switches them over, the call fails with ``UNAVAILABLE``
 and may be retried. A partition runs at most :data:`MAX_FAN_OUTS` fan-outs at once (more
 get ``RESOURCE_EXHAUSTED``), so partitions calling each other never wait on each other.
+
+Limits (``index.search``, :class:`ance_train.config.SearchLimits`): queries per request and
+hits per query (``INVALID_ARGUMENT``), message size and RPCs in flight (the gRPC server's,
+``RESOURCE_EXHAUSTED``). The client's deadline is honoured: the queries are searched in
+batches of ``batch_queries`` and between batches (and around encoding) a call whose client
+has gone (deadline passed, cancelled) is abandoned, so no worker keeps computing an answer
+nobody will read; :attr:`SearchService.abandoned` counts them. A fan-out passes the time the
+client has left on to the other partitions.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 
+from ance_train.config import SearchLimits
 from ance_train.data.corpus import Corpus
 from ance_train.index.ann import AnnIndex
 from ance_train.index.merge import merge_topk
@@ -38,8 +47,8 @@ from ance_train.protocol import keys
 if TYPE_CHECKING:
     from ance_train.runtime import ServiceContext
 
-MAX_K = 10000
-MAX_QUERIES = 1024
+MAX_K = SearchLimits().max_k  # the defaults of ``index.search``
+MAX_QUERIES = SearchLimits().max_queries
 # Metadata of a partition's call to another partition: search your own part only, and answer
 # with document indices (decimal, in ``Hit.doc_id``) for the caller to merge.
 PARTITION_LOCAL = ("ance-partition-local", "1")
@@ -96,8 +105,12 @@ class PartitionDirectory:
 
 class SearchService(ance_pb2_grpc.RetrievalServicer):
     def __init__(self, corpus: Corpus, models: ModelCache, max_query_length: int = 64,
-                 directory: PartitionDirectory | None = None) -> None:
+                 directory: PartitionDirectory | None = None,
+                 limits: SearchLimits | None = None) -> None:
         self.corpus = corpus
+        self.limits = limits or SearchLimits()
+        self.abandoned = 0  # calls stopped because their client was gone (deadline, cancel)
+        self._abandoned_lock = threading.Lock()
         self.models = models
         self.max_query_length = max_query_length
         self.directory = directory
@@ -116,16 +129,17 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
         served = self.served
         if served is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "no index has been built yet")
-        if not 1 <= request.k <= MAX_K:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"k must be in [1, {MAX_K}], "
+        max_k, max_queries = self.limits.max_k, self.limits.max_queries
+        if not 1 <= request.k <= max_k:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"k must be in [1, {max_k}], "
                                                             f"got {request.k}")
         if bool(request.queries) == bool(request.embeddings):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "give either queries (texts) or embeddings, not both or neither")
         count = len(request.queries) or len(request.embeddings)
-        if count > MAX_QUERIES:
+        if count > max_queries:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"at most {MAX_QUERIES} queries per request, got {count}")
+                          f"at most {max_queries} queries per request, got {count}")
         if request.embeddings:
             dims = {len(e.values) for e in request.embeddings}
             if dims != {served.index.dim}:
@@ -134,11 +148,13 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
                               f"got {sorted(dims)}")
             vectors = np.array([list(e.values) for e in request.embeddings], dtype=np.float32)
         else:
+            self._stop_if_gone(context)
             model, tokenizer = self.models.get(served.step)
             vectors = encode_texts(model, tokenizer, list(request.queries),
                                    max_length=self.max_query_length, device=self.models.device)
         local = PARTITION_LOCAL in tuple(context.invocation_metadata() or ())
-        ranked, scores = served.index.search(vectors, request.k)
+        ranked, scores = served.index.search(vectors, request.k, self.limits.batch_queries,
+                                             cancel=lambda: self._stop_if_gone(context))
         if self.directory is not None and not local:
             if not self._fan_outs.acquire(blocking=False):  # never wait holding a worker
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -160,6 +176,16 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
         ]
         return ance_pb2.SearchReply(index_step=served.step, results=results)
 
+    def _stop_if_gone(self, context) -> None:
+        """Abandon the call when its client no longer waits for it (deadline or cancel)."""
+        if context.is_active():
+            return
+        with self._abandoned_lock:
+            self.abandoned += 1
+        # Nobody reads this status (the client already has DEADLINE_EXCEEDED / CANCELLED);
+        # aborting ends the handler and frees the worker.
+        context.abort(grpc.StatusCode.CANCELLED, "the client is gone: search abandoned")
+
     def _fan_out(self, step: int, vectors: np.ndarray, k: int, ranked: np.ndarray,
                  scores: np.ndarray, context) -> tuple[np.ndarray, np.ndarray]:
         """This partition's lists merged with every other partition's for the same vectors."""
@@ -176,7 +202,10 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
 
         def call(partition: int) -> ance_pb2.SearchReply:
             stub = directory.stub(addresses[partition])
-            return stub.Search(request, timeout=FAN_OUT_TIMEOUT_S, metadata=(PARTITION_LOCAL,))
+            remaining = context.time_remaining()  # the client's deadline bounds the fan-out
+            timeout = FAN_OUT_TIMEOUT_S if remaining is None else min(FAN_OUT_TIMEOUT_S,
+                                                                      max(remaining, 0.001))
+            return stub.Search(request, timeout=timeout, metadata=(PARTITION_LOCAL,))
 
         try:
             replies = list(self._pool.map(call, others))

@@ -74,11 +74,16 @@ class GrpcServer:
 
     def __init__(self, state: ServiceState, port: int = 0, host: str = "127.0.0.1",
                  add_servicers: Callable[[grpc.Server], None] | None = None,
-                 max_workers: int = 8, tls: GrpcTls | Literal[False] | None = None) -> None:
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+                 max_workers: int = 8, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 max_concurrent_rpcs: int | None = None,
+                 tls: GrpcTls | Literal[False] | None = None) -> None:
+        # Limits (the indexer's from ``index.search``): a larger message is RESOURCE_EXHAUSTED;
+        # beyond ``max_concurrent_rpcs`` in flight gRPC answers RESOURCE_EXHAUSTED at once
+        # instead of queueing for the workers without bound (None: no cap).
+        options = [("grpc.max_receive_message_length", max_message_bytes),
+                   ("grpc.max_send_message_length", max_message_bytes)]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                  options=options)
+                                  options=options, maximum_concurrent_rpcs=max_concurrent_rpcs)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         ance_pb2_grpc.add_ControlServicer_to_server(_Control(state), self.server)
@@ -139,7 +144,8 @@ def check_health(address: str, timeout_s: float = 3.0) -> bool:
 def search(address: str, queries: list[str] | None = None,
            embeddings: list[list[float]] | None = None, k: int = 10,
            timeout_s: float = 30.0) -> ance_pb2.SearchReply:
-    """Call ``Retrieval.Search`` on an indexer with query texts or query embeddings."""
+    """Call ``Retrieval.Search`` on an indexer with query texts or query embeddings; the
+    deadline (``timeout_s``) travels with the call and the server stops work once it passes."""
     request = ance_pb2.SearchRequest(
         queries=queries or [], k=k,
         embeddings=[ance_pb2.Embedding(values=vector) for vector in embeddings or []])

@@ -27,9 +27,11 @@ from rich.table import Table
 
 from ance_train.config import RunConfig, dump_config
 from ance_train.data.validation import validate_dataset
+from ance_train.index.capacity import encoder_size, run_store_bytes
 from ance_train.indexer.partitions import PARTITION_VAR
 from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, connect
 from ance_train.infra.credentials import redis_password
+from ance_train.infra.disk import DiskUsageFn, check_free, size, tree_bytes
 from ance_train.infra.process import die_with_parent
 from ance_train.infra.rpc import fetch_status
 from ance_train.infra.store import LocalStore, ObjectStore, StorageError, store_from_env
@@ -109,6 +111,11 @@ class EmbeddedRun:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        try:
+            self._check_disk(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         shutil.rmtree(self.run_dir, ignore_errors=True)
         for key in stale:
             shared_store.delete(key)
@@ -136,6 +143,35 @@ class EmbeddedRun:
         self.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
         self.env["ANCE_REDIS_URL"] = self.redis_url
         (self.run_dir / "endpoints.json").write_text(json.dumps({"redis_url": self.redis_url}))
+
+    def _check_disk(self, staging: Path, disk_usage: DiskUsageFn = shutil.disk_usage) -> None:
+        """Refuse to start when the run directory's disk cannot hold what the run will store
+        (``plan``'s sizes times retention; the trainer's two local checkpoint copies besides):
+        a clear error now instead of ENOSPC mid-run. A store in S3 is not checked."""
+        if "ANCE_S3_ENDPOINT" in os.environ:
+            return
+        cfg, dataset = self.config, self.dataset
+        params, dim = encoder_size(cfg.model.path, cfg.model.projection_dim)
+        eval_queries = sum(len(getattr(dataset, split)) for split in cfg.index.eval_splits)
+        need = run_store_bytes(cfg, docs=dataset.num_docs, train_queries=len(dataset.train),
+                               eval_queries=eval_queries, dim=dim, model_params=params,
+                               dataset_bytes=tree_bytes(staging))
+        local = 2 * need.per_checkpoint  # CheckpointPublisher keeps two locally
+        retention = cfg.store
+        check_free(
+            self.run_dir / "store", need.total + local,
+            f"run {cfg.run_id}'s store ({need.describe()}; {need.kept_checkpoints} of "
+            f"{need.checkpoints} checkpoints and {need.kept_refreshes} refreshes kept) and the "
+            f"trainer's local checkpoints ({size(local)})",
+            f"Free disk, or bound the store with store.keep_checkpoints (now "
+            f"{retention.keep_checkpoints}) and store.keep_refreshes (now "
+            f"{retention.keep_refreshes}), fewer checkpoints (training.refresh_every "
+            f"{cfg.training.refresh_every} of {cfg.training.steps} steps), "
+            + ("inference.embedding_dtype float16, "
+               if cfg.inference.embedding_dtype == "float32" else "")
+            + "or an output_dir on a larger disk.",
+            reclaimable=tree_bytes(self.run_dir) if self.overwrite else 0,
+            disk_usage=disk_usage)
 
     def _stale_store_objects(self) -> tuple[ObjectStore, list[str]]:
         """Objects an earlier run with this run_id left in S3 (a local store lives in the run

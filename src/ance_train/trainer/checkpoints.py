@@ -19,7 +19,13 @@ from pathlib import Path
 from ance_train.config import RunConfig
 from ance_train.data.dataset import DatasetIndex
 from ance_train.infra.bus import EventBus, WorkQueue
-from ance_train.infra.store import MANIFEST_NAME, ObjectStore
+from ance_train.infra.disk import (
+    DiskUsageFn,
+    InsufficientDisk,
+    check_free,
+    tree_bytes,
+)
+from ance_train.infra.store import MANIFEST_NAME, LocalStore, ObjectStore
 from ance_train.modeling.model import BiEncoder
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished
@@ -36,6 +42,24 @@ def latest_complete_checkpoint(store: ObjectStore) -> int | None:
     return max((step for step in steps if step is not None), default=None)
 
 
+def checkpoint_bytes(model: BiEncoder, optimizer_state: dict) -> int:
+    """Bytes a checkpoint will take: the weights plus every tensor of the optimizer state
+    (AdamW: two per parameter), as ``save`` writes them."""
+    import torch
+
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    stack, state = [optimizer_state], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            state += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return int(weights + state)
+
+
 class CheckpointPublisher:
     def __init__(self, store: ObjectStore, bus: EventBus, queue: WorkQueue,
                  config: RunConfig, dataset: DatasetIndex, work_dir: Path,
@@ -50,8 +74,24 @@ class CheckpointPublisher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publisher")
         self._pending: list[Future] = []
 
-    def save(self, step: int, model: BiEncoder, tokenizer, state: TrainingState) -> Path:
+    def save(self, step: int, model: BiEncoder, tokenizer, state: TrainingState,
+             disk_usage: DiskUsageFn = shutil.disk_usage) -> Path:
+        """Write checkpoint ``step`` locally, after checking that the disk can hold it (and its
+        copy in a local store): when it cannot, the uploads in flight are finished first, so
+        every checkpoint already written is stored and the run resumes from the newest, and
+        :class:`InsufficientDisk` stops the trainer before a half-written checkpoint."""
         directory = self.local_dir / str(step)
+        needed = checkpoint_bytes(model, state.optimizer)
+        if isinstance(self.store, LocalStore):
+            needed *= 2  # the upload writes a second copy on the same machine
+        try:
+            check_free(self.local_dir, needed, f"checkpoint {step}",
+                       "Free disk (the trainer stopped; it resumes from the newest stored "
+                       "checkpoint) or set store.keep_checkpoints to keep fewer.",
+                       reclaimable=tree_bytes(directory), disk_usage=disk_usage)
+        except InsufficientDisk:
+            self.flush()
+            raise
         if directory.exists():
             shutil.rmtree(directory)
         model.save(directory, tokenizer)
