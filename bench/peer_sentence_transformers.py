@@ -21,6 +21,7 @@ code path (a flat ``AnnIndex``, ``index.eval_depth``, ``ance_train.evaluation.ev
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -130,12 +131,14 @@ class _Checkpoints:
 
 def _threads(config: dict) -> int | None:
     """The CPU threads the embedded run of the same profile uses in all (trainer plus every
-    inferencer), so that wall times compare on the same cores; None = torch's default."""
+    inferencer), at most the machine's cores, so that wall times compare on the same cores;
+    None = torch's default."""
     training, inference = config["training"], config["inference"]
     if training.get("torch_threads") is None or inference.get("torch_threads") is None:
         return None
-    return int(training["torch_threads"]) + int(inference.get("replicas", 1)) * int(
+    used = int(training["torch_threads"]) + int(inference.get("replicas", 1)) * int(
         inference["torch_threads"])
+    return min(used, os.cpu_count() or used)
 
 
 def train_peer(config: dict, run_dir: Path) -> dict:

@@ -1,9 +1,10 @@
-"""Retrieval quality on SciFact: does each method help? Measured through the real services.
+"""Retrieval quality on SciFact (or NFCorpus): does each method help? Measured through the real
+services, against the sentence-transformers recipe a user would run instead.
 
 Every method of ``configs/methods/`` is trained with the same budget (steps, batch size,
 learning-rate schedule, refresh interval, sequence lengths: the profile's) by the embedded
 run (``ance-train run``: trainer, inferencers and indexer as processes). For each run the
-checkpoint with the best **dev** nDCG@10 (the slice held out of train) is selected, and the
+checkpoint with the best **dev** nDCG@10 (the official dev qrels, or a slice held out of train when the dataset has none) is selected, and the
 **test** split is reported for that checkpoint only. References: BM25 (bm25s, k1=0.9,
 b=0.4 as in BEIR/Anserini) and zero-shot (checkpoint 0 of every run: the pretrained
 model, evaluated by the same indexer code).
@@ -24,7 +25,22 @@ train them again).
 
 A variant of a method (``--set negatives.top_k=20``) gets its own name with ``--label
 ance-top20``; ``--combine`` then merges it beside the method itself, and
-``bench/significance.py`` compares it with the baselines too.
+``bench/significance.py`` compares it with the baselines too (the false-negative filter:
+``--methods ance --set negatives.max_positive_ratio=0.95 --label ance-perc95``).
+
+``st-static`` is the peer a user would run instead: sentence-transformers, hard negatives
+mined once by the zero-shot model, MultipleNegativesRankingLoss, with the same split, budget,
+checkpoints and evaluation (``bench/peer_sentence_transformers.py``); ``bench/significance.py
+--reference st-static`` compares every row with it. ``--data nfcorpus`` runs on NFCorpus,
+whose official dev qrels are the dev split. The exact commands of the runs against the peer
+(SciFact and NFCorpus, 60 steps, 3 seeds) are in docs/benchmarks/quality-peer.md:
+
+    python bench/quality.py --profile cpu --steps 60 --methods st-static --seeds 13 \
+        --name long60-st-static-s13 --out docs/benchmarks/quality-cpu-60-parts \
+        --runs-dir runs/long60
+    python bench/quality.py --profile cpu --steps 60 --data nfcorpus --methods ance \
+        --seeds 13 --name nfc60-ance-s13 --out docs/benchmarks/quality-cpu-60-nfcorpus-parts \
+        --runs-dir runs/nfc60
 """
 
 from __future__ import annotations
