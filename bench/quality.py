@@ -4,10 +4,10 @@ services, against the sentence-transformers recipe a user would run instead.
 Every method of ``configs/methods/`` is trained with the same budget (steps, batch size,
 learning-rate schedule, refresh interval, sequence lengths: the profile's) by the embedded
 run (``ance-train run``: trainer, inferencers and indexer as processes). For each run the
-checkpoint with the best **dev** nDCG@10 (the official dev qrels, or a slice held out of train when the dataset has none) is selected, and the
-**test** split is reported for that checkpoint only. References: BM25 (bm25s, k1=0.9,
-b=0.4 as in BEIR/Anserini) and zero-shot (checkpoint 0 of every run: the pretrained
-model, evaluated by the same indexer code).
+checkpoint with the best **dev** nDCG@10 (the official dev qrels, or a slice held out of
+train when the dataset has none) is selected, and the **test** split is reported for that
+checkpoint only. References: BM25 (bm25s, k1=0.9, b=0.4 as in BEIR/Anserini) and zero-shot
+(checkpoint 0 of every run: the pretrained model, evaluated by the same indexer code).
 
     python bench/quality.py --profile cpu               # ≤ 60 min on 2 CPU cores
     python bench/quality.py --profile gpu --seeds 13 42 77
