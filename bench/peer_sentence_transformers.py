@@ -144,6 +144,17 @@ def _threads(config: dict) -> int | None:
 def train_peer(config: dict, run_dir: Path) -> dict:
     """Mine once, train with MNRL, evaluate every checkpoint; write and return the run's
     ``summary.json`` (the fields ``quality.run_method`` reads from an embedded run's)."""
+    threads = _threads(config)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _train(config, run_dir, threads)
+    finally:
+        torch.set_num_threads(before)  # the caller's process goes on (tests run it in process)
+
+
+def _train(config: dict, run_dir: Path, threads: int | None) -> dict:
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformer,
@@ -158,9 +169,6 @@ def train_peer(config: dict, run_dir: Path) -> dict:
     started = time.monotonic()
     run_id, training, model_cfg = config["run_id"], config["training"], config["model"]
     seed = int(training["seed"])
-    threads = _threads(config)
-    if threads is not None:
-        torch.set_num_threads(threads)
     store = run_dir / "store" / run_id
     cache = run_dir / "work" / "data"
     data_cfg = DataConfig(**config["data"])

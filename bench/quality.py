@@ -517,9 +517,10 @@ def save(report: dict, out: Path) -> None:
 
 
 def default_name(args: argparse.Namespace) -> str:
-    """``quality-<profile>`` on SciFact (the names the reports always had), else
-    ``quality-<profile>-<dataset>``."""
-    return f"quality-{args.profile}" + ("" if args.dataset == "scifact" else f"-{args.dataset}")
+    """``quality-<profile>-<dataset>`` for a named dataset other than SciFact (``--data
+    nfcorpus``), else ``quality-<profile>`` (the names the reports always had)."""
+    named = args.dataset in DATASETS and args.dataset != "scifact"
+    return f"quality-{args.profile}" + (f"-{args.dataset}" if named else "")
 
 
 def _stop(signum: int, _frame: object) -> None:
