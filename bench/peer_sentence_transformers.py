@@ -20,6 +20,7 @@ code path (a flat ``AnnIndex``, ``index.eval_depth``, ``ance_train.evaluation.ev
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -37,8 +38,9 @@ from ance_train.data.dataset import DatasetIndex
 from ance_train.data.validation import validate_dataset
 from ance_train.evaluation import evaluate
 from ance_train.index.ann import AnnIndex
+from ance_train.modeling.encoding import resolve_precision
 from ance_train.protocol import keys
-from ance_train.protocol.embeddings import pack_embeddings
+from ance_train.protocol.embeddings import pack_embeddings, unpack_embeddings
 from ance_train.protocol.work import query_order
 
 METHOD = "st-static"
@@ -73,8 +75,9 @@ def _collator(model: Any, lengths: dict[str, int]) -> Any:
 
 def _encode(model: Any, texts: list[str], max_length: int, batch_size: int) -> np.ndarray:
     model.max_seq_length = max_length
-    return model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
-                        normalize_embeddings=False, show_progress_bar=False).astype(np.float32)
+    vectors = model.encode(texts, batch_size=batch_size, convert_to_tensor=True,
+                           normalize_embeddings=False, show_progress_bar=False)
+    return vectors.float().cpu().numpy()
 
 
 class _Checkpoints:
@@ -86,21 +89,36 @@ class _Checkpoints:
         self.qids = query_order(dataset)
         self.evaluations: list[dict] = []
         self.seconds = 0.0
+        self.precision = "fp32"
 
     def __call__(self, model: Any, step: int) -> dict:
         started = time.monotonic()
         model_cfg, inference = self.config["model"], self.config["inference"]
         batch = int(inference.get("batch_size", 32))
         was_training = model.training
-        docs = _encode(model, self.doc_texts, model_cfg["max_doc_length"], batch)
-        queries = _encode(model, [self.dataset.queries[q] for q in self.qids],
+        # The inferencers' precision (inference.precision: auto = bf16 where the hardware
+        # computes it natively) on a copy, as encoding.prepare_model does; the trained model
+        # stays fp32.
+        precision = resolve_precision(inference.get("precision", "auto"), model.device)
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"{METHOD}: inference.precision {precision} is not supported")
+        encoder = model if precision == "fp32" else copy.deepcopy(model).to(torch.bfloat16)
+        docs = _encode(encoder, self.doc_texts, model_cfg["max_doc_length"], batch)
+        queries = _encode(encoder, [self.dataset.queries[q] for q in self.qids],
                           model_cfg["max_query_length"], batch)
+        del encoder
         model.train(was_training)
+        # Stored as the inferencers store them (inference.embedding_dtype) and evaluated from
+        # what was stored, as the indexer reads it.
+        dtype = inference.get("embedding_dtype", "float16")
         shards = self.store / keys.embeddings(step)
         shards.mkdir(parents=True, exist_ok=True)
-        (shards / "corpus-00000.npz").write_bytes(
-            pack_embeddings(np.arange(len(docs), dtype=np.int64), docs))
-        (shards / "queries-00000.npz").write_bytes(pack_embeddings(np.array(self.qids), queries))
+        corpus_bytes = pack_embeddings(np.arange(len(docs), dtype=np.int64), docs, dtype)
+        query_bytes = pack_embeddings(np.array(self.qids), queries, dtype)
+        (shards / "corpus-00000.npz").write_bytes(corpus_bytes)
+        (shards / "queries-00000.npz").write_bytes(query_bytes)
+        docs, queries = unpack_embeddings(corpus_bytes)[1], unpack_embeddings(query_bytes)[1]
+        self.precision = precision
         index_cfg = IndexConfig(**{**self.config.get("index", {}), "type": "flat",
                                    "device": "cpu"})
         index = AnnIndex(docs.shape[1], index_cfg, model_cfg.get("similarity", "cosine"),
@@ -237,6 +255,7 @@ def _train(config: dict, run_dir: Path, threads: int | None) -> dict:
         "peer": {"mining_seconds": mining_seconds, "training_seconds": training_seconds,
                  "evaluation_seconds": checkpoints.seconds, "triplets": len(triplets),
                  "pairs": len(pairs), "threads": threads or torch.get_num_threads(),
+                 "evaluation_precision": checkpoints.precision,
                  "range_max": RANGE_MAX, "scale": SCALE},
         "trainer": {"finished": trainer.state.global_step == steps,
                     "steps": trainer.state.global_step, "losses": losses, "swaps": []},
