@@ -317,6 +317,11 @@ def bm25_reference(args: argparse.Namespace) -> dict:
     return {split: evaluate(runs[split], qrels[split]) for split in runs}
 
 
+def display_name(dataset: str) -> str:
+    """``SciFact``, ``NFCorpus``; any other dataset by its directory name."""
+    return {"scifact": "SciFact", "nfcorpus": "NFCorpus"}.get(dataset, dataset)
+
+
 def mean_std(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values),
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
@@ -342,7 +347,7 @@ def render_markdown(report: dict) -> str:
         return (f"{stats['mean']:.4f} ± {stats['std']:.4f}" if stats["n"] > 1
                 else f"{stats['mean']:.4f}")
 
-    lines = [f"# Retrieval quality on {report.get('dataset', 'scifact')} "
+    lines = [f"# Retrieval quality on {display_name(report.get('dataset', 'scifact'))} "
              f"({report['profile']} profile)", "",
              f"Command: `{report['command']}`", "",
              *([f"Merged by: `{report['merged_by']}`", ""] if report.get("merged_by") else []),

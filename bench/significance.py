@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from quality import ALL_METHODS, bm25_runs
+from quality import ALL_METHODS, bm25_runs, display_name
 from scipy import stats
 from stored_run import find_run_dir, load_checkpoint
 
@@ -164,7 +164,7 @@ def _p(value: float) -> str:
 
 
 def render_markdown(result: dict) -> str:
-    lines = [f"# Paired significance on {result.get('dataset', 'scifact')} test "
+    lines = [f"# Paired significance on {display_name(result.get('dataset', 'scifact'))} test "
              f"({result['report']})", "",
              f"Command: `{result['command']}`", "",
              f"Machine: {result['machine']['cpu']}; {result['date']}. "
