@@ -39,7 +39,7 @@ def test_peer_runs_as_a_quality_method(monkeypatch, tmp_path: Path, scifact_subs
     assert run["method"] == "st-static"
     assert [r["step"] for r in run["refreshes"]] == [0, 2, 4]  # the system's checkpoints
     assert len(run["losses"]) == 4 and all(np.isfinite(run["losses"]))
-    assert run["peer"]["triplets"] == run["peer"]["pairs"] > 0
+    assert 0 < run["peer"]["triplets"] <= run["peer"]["pairs"]  # a pair may find no negative
     # The split is the system's: validate_dataset with the same config and split seed.
     store = runs / "st-static-s7" / "store" / "st-static-s7"
     stored = DatasetIndex.from_json((store / "data" / "dataset.json").read_text())
