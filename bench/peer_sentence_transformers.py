@@ -39,6 +39,7 @@ from ance_train.data.validation import validate_dataset
 from ance_train.evaluation import evaluate
 from ance_train.index.ann import AnnIndex
 from ance_train.modeling.encoding import resolve_precision
+from ance_train.modeling.precision import autocast_dtype
 from ance_train.protocol import keys
 from ance_train.protocol.embeddings import pack_embeddings, unpack_embeddings
 from ance_train.protocol.work import query_order
@@ -225,8 +226,9 @@ def _train(config: dict, run_dir: Path, threads: int | None) -> dict:
                 checkpoints(model, state.global_step)
 
     cuda = torch.cuda.is_available()
-    mixed = training.get("mixed_precision", "auto")
-    bf16 = cuda and torch.cuda.is_bf16_supported() and mixed in ("auto", "bf16")
+    # The trainer's own mixed-precision policy (auto: bf16 on a CUDA device with bf16, else
+    # full precision), carried out by the Trainer's autocast.
+    autocast = autocast_dtype(training.get("mixed_precision", "auto"), model.device)
     args = SentenceTransformerTrainingArguments(
         output_dir=str(run_dir / "work" / "trainer"), max_steps=steps,
         per_device_train_batch_size=int(training["batch_size"]),
@@ -234,7 +236,8 @@ def _train(config: dict, run_dir: Path, threads: int | None) -> dict:
         warmup_steps=int(training["warmup_steps"]), lr_scheduler_type="linear",
         weight_decay=float(training.get("weight_decay", 0.01)),
         max_grad_norm=float(training.get("max_grad_norm", 2.0)),
-        seed=seed, data_seed=seed, bf16=bf16, fp16=cuda and mixed == "fp16",
+        seed=seed, data_seed=seed, bf16=autocast == torch.bfloat16,
+        fp16=autocast == torch.float16,
         batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", logging_steps=1,
         report_to="none", disable_tqdm=True, dataloader_num_workers=0, use_cpu=not cuda)
     trainer = SentenceTransformerTrainer(
