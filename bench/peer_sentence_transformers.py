@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ance_train.config import DataConfig, IndexConfig
+from ance_train.config import DataConfig, IndexConfig, default_model_path
 from ance_train.data.corpus import open_corpus
 from ance_train.data.dataset import DatasetIndex
 from ance_train.data.validation import validate_dataset
@@ -199,8 +199,6 @@ def _train(config: dict, run_dir: Path, threads: int | None) -> dict:
 
     set_seed(seed)
     random.seed(seed)
-    from ance_train.config import default_model_path
-
     model = SentenceTransformer(model_cfg.get("path") or default_model_path(),
                                 device="cuda" if torch.cuda.is_available() else "cpu")
     checkpoints = _Checkpoints(config, dataset, doc_texts, store)
@@ -210,7 +208,7 @@ def _train(config: dict, run_dir: Path, threads: int | None) -> dict:
     pairs = [(dataset.queries[q], doc_texts[d]) for q in sorted(dataset.train)
              for d in dataset.positives(q)]
     mining_started = time.monotonic()
-    model.max_seq_length = model_cfg["max_doc_length"]
+    model.max_seq_length = model_cfg["max_doc_length"]  # one limit for both, as users mine
     triplets = mine_hard_negatives(
         Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]}),
         model, corpus=doc_texts, range_max=RANGE_MAX, num_negatives=1,
