@@ -1,12 +1,13 @@
-"""Retrieval quality on SciFact: does each method help? Measured through the real services.
+"""Retrieval quality on SciFact (or NFCorpus): does each method help? Measured through the real
+services, against the sentence-transformers recipe a user would run instead.
 
 Every method of ``configs/methods/`` is trained with the same budget (steps, batch size,
 learning-rate schedule, refresh interval, sequence lengths: the profile's) by the embedded
 run (``ance-train run``: trainer, inferencers and indexer as processes). For each run the
-checkpoint with the best **dev** nDCG@10 (the slice held out of train) is selected, and the
-**test** split is reported for that checkpoint only. References: BM25 (bm25s, k1=0.9,
-b=0.4 as in BEIR/Anserini) and zero-shot (checkpoint 0 of every run: the pretrained
-model, evaluated by the same indexer code).
+checkpoint with the best **dev** nDCG@10 (the official dev qrels, or a slice held out of
+train when the dataset has none) is selected, and the **test** split is reported for that
+checkpoint only. References: BM25 (bm25s, k1=0.9, b=0.4 as in BEIR/Anserini) and zero-shot
+(checkpoint 0 of every run: the pretrained model, evaluated by the same indexer code).
 
     python bench/quality.py --profile cpu               # ≤ 60 min on 2 CPU cores
     python bench/quality.py --profile gpu --seeds 13 42 77
@@ -24,7 +25,22 @@ train them again).
 
 A variant of a method (``--set negatives.top_k=20``) gets its own name with ``--label
 ance-top20``; ``--combine`` then merges it beside the method itself, and
-``bench/significance.py`` compares it with the baselines too.
+``bench/significance.py`` compares it with the baselines too (the false-negative filter:
+``--methods ance --set negatives.max_positive_ratio=0.95 --label ance-perc95``).
+
+``st-static`` is the peer a user would run instead: sentence-transformers, hard negatives
+mined once by the zero-shot model, MultipleNegativesRankingLoss, with the same split, budget,
+checkpoints and evaluation (``bench/peer_sentence_transformers.py``); ``bench/significance.py
+--reference st-static`` compares every row with it. ``--data nfcorpus`` runs on NFCorpus,
+whose official dev qrels are the dev split. The exact commands of the runs against the peer
+(SciFact and NFCorpus, 60 steps, 3 seeds) are in docs/benchmarks/quality-peer.md:
+
+    python bench/quality.py --profile cpu --steps 60 --methods st-static --seeds 13 \
+        --name long60-st-static-s13 --out docs/benchmarks/quality-cpu-60-parts \
+        --runs-dir runs/long60
+    python bench/quality.py --profile cpu --steps 60 --data nfcorpus --methods ance \
+        --seeds 13 --name nfc60-ance-s13 --out docs/benchmarks/quality-cpu-60-nfcorpus-parts \
+        --runs-dir runs/nfc60
 """
 
 from __future__ import annotations
@@ -48,8 +64,15 @@ from report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS_DIR = REPO / "configs" / "methods"
+# The peer a user would run instead (bench/peer_sentence_transformers.py): sentence-
+# transformers, hard negatives mined once by the zero-shot model, MNRL. Not a method of this
+# system, so it has no file in configs/methods/: it gets ance.yaml's data and model settings.
+PEER = "st-static"
 ALL_METHODS = ["in-batch", "random", "bm25", "bm25-random", "ance", "simans", "ance-tele",
-               "dance"]
+               "dance", PEER]
+# Datasets by name (--data NAME); --data also takes any BEIR directory.
+DATASETS = {"scifact": REPO.parent / "shared/data/scifact",
+            "nfcorpus": REPO.parent / "shared/data/nfcorpus"}
 REPORTED = ("ndcg@10", "mrr@10", "recall@100")
 
 # The shared budget of every method. `cpu` is reduced to fit 60 minutes on 2 cores: shorter
@@ -75,7 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--methods", nargs="+", default=ALL_METHODS)
     parser.add_argument("--seeds", nargs="+", type=int, help="Override the profile's seeds.")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared/data/scifact")
+    parser.add_argument("--data", default="scifact",
+                        help=f"A dataset name ({', '.join(DATASETS)}: ../shared/data/NAME) or "
+                             "a BEIR directory. Its official qrels/dev.tsv, when it has one "
+                             "(NFCorpus), is the dev split (data.dev_split: auto); else the dev "
+                             "slice is cut from train (SciFact).")
     parser.add_argument("--model", help="Encoder directory (default: the MiniLM package).")
     parser.add_argument("--steps", type=int, help="Override the profile's steps (tests).")
     parser.add_argument("--refresh-every", type=int, help="Override the refresh interval.")
@@ -103,6 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Train nothing: merge the reports of several invocations (e.g. "
                              "four methods each, to fit the cpu budget) into one table/plots.")
     args = parser.parse_args(argv)
+    args.dataset = args.data if args.data in DATASETS else Path(args.data).name
+    args.data = DATASETS.get(args.data, Path(args.data))
     unknown = sorted(set(args.methods) - set(ALL_METHODS))
     if unknown:
         parser.error(f"unknown methods {unknown}; choose from {ALL_METHODS}")
@@ -135,8 +164,10 @@ def apply_overrides(raw: dict, overrides: list[str]) -> None:
 
 
 def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:
-    """The method's own file with the profile's shared budget laid over it."""
-    raw = yaml.safe_load((METHODS_DIR / f"{method}.yaml").read_text())
+    """The method's own file with the profile's shared budget laid over it (the peer: ance's
+    file, whose data and model settings it shares; its negatives section is not read)."""
+    raw = yaml.safe_load((METHODS_DIR / f"{'ance' if method == PEER else method}.yaml")
+                         .read_text())
     profile = PROFILES[args.profile]
     raw["run_id"] = f"{method}-s{seed}"
     raw["output_dir"] = str(runs_dir)
@@ -211,12 +242,18 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
     else:
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         started = time.monotonic()
-        result = run_child([sys.executable, "-m", "ance_train.cli", "run", "--config",
-                            str(config_path), "--overwrite", "--max-minutes",
-                            str(args.max_minutes_per_run)])
-        if result.returncode != 0:
-            raise RuntimeError(f"{method} (seed {seed}) failed:\n{result.stdout[-3000:]}"
-                               f"\n{result.stderr[-3000:]}")
+        if method == PEER:
+            from peer_sentence_transformers import train_peer
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+            train_peer(config, run_dir)
+        else:
+            result = run_child([sys.executable, "-m", "ance_train.cli", "run", "--config",
+                                str(config_path), "--overwrite", "--max-minutes",
+                                str(args.max_minutes_per_run)])
+            if result.returncode != 0:
+                raise RuntimeError(f"{method} (seed {seed}) failed:\n{result.stdout[-3000:]}"
+                                   f"\n{result.stderr[-3000:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
         minutes = (time.monotonic() - started) / 60
     store = run_dir / "store" / config["run_id"] / "eval"
@@ -237,6 +274,7 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
             "selected_step": best["step"], "dev": best["metrics"]["dev"],
             "test": best["metrics"]["test"], "refreshes": refreshes,
             "losses": trainer["losses"], "swaps": trainer["swaps"],
+            **({"peer": summary["peer"]} if "peer" in summary else {}),
             "config": config}
 
 
@@ -279,6 +317,11 @@ def bm25_reference(args: argparse.Namespace) -> dict:
     return {split: evaluate(runs[split], qrels[split]) for split in runs}
 
 
+def display_name(dataset: str) -> str:
+    """``SciFact``, ``NFCorpus``; any other dataset by its directory name."""
+    return {"scifact": "SciFact", "nfcorpus": "NFCorpus"}.get(dataset, dataset)
+
+
 def mean_std(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values),
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
@@ -304,7 +347,8 @@ def render_markdown(report: dict) -> str:
         return (f"{stats['mean']:.4f} ± {stats['std']:.4f}" if stats["n"] > 1
                 else f"{stats['mean']:.4f}")
 
-    lines = [f"# Retrieval quality on SciFact ({report['profile']} profile)", "",
+    lines = [f"# Retrieval quality on {display_name(report.get('dataset', 'scifact'))} "
+             f"({report['profile']} profile)", "",
              f"Command: `{report['command']}`", "",
              *([f"Merged by: `{report['merged_by']}`", ""] if report.get("merged_by") else []),
              f"Machine: {report['machine']['cpu']} — {report['machine']['cores']} cores, "
@@ -330,6 +374,14 @@ def render_markdown(report: dict) -> str:
         lines += ["", "Variants: " + "; ".join(
             f"{label} = {v['method']} with {', '.join(f'`{o}`' for o in v['overrides'])}"
             for label, v in variants.items()) + "."]
+    peer_runs = [r for r in report["runs"] if "peer" in r]
+    if peer_runs:
+        lines += ["", f"{PEER} (sentence-transformers, bench/peer_sentence_transformers.py): "
+                  + "; ".join(f"seed {r['seed']}: mining {r['peer']['mining_seconds'] / 60:.1f} "
+                              f"min, training {r['peer']['training_seconds'] / 60:.1f} min, "
+                              f"checkpoint evaluations {r['peer']['evaluation_seconds'] / 60:.1f}"
+                              f" min, {r['peer']['triplets']} triplets, "
+                              f"{r['peer']['threads']} threads" for r in peer_runs) + "."]
     lines += ["", "Plots: " + ", ".join(f"`{p}`" for p in report["plots"]), ""]
     return "\n".join(lines)
 
@@ -389,7 +441,7 @@ def plot(report: dict, out: Path) -> list[str]:
 
 def _comparable(report: dict, key: str) -> object:
     """``report[key]``, without the seed (older reports kept the first seed in the budget)."""
-    value = report.get(key)
+    value = report.get(key, "scifact" if key == "dataset" else None)  # older: SciFact only
     if key == "budget":
         value = {**value, "training": {k: v for k, v in value["training"].items()
                                        if k != "seed"}}
@@ -428,7 +480,7 @@ def combine(paths: list[Path], name: str) -> dict:
     reports = [json.loads(path.read_text()) for path in paths]
     first = reports[0]
     for path, other in zip(paths[1:], reports[1:], strict=True):
-        for key in ("profile", "budget"):
+        for key in ("profile", "budget", "dataset"):
             if _comparable(other, key) != _comparable(first, key):
                 raise SystemExit(f"{path}: {key} differs from {paths[0]}; not comparable")
     _check_variants(paths, reports)
@@ -469,6 +521,13 @@ def save(report: dict, out: Path) -> None:
     write_report(out, report["name"], report, render_markdown(report))
 
 
+def default_name(args: argparse.Namespace) -> str:
+    """``quality-<profile>-<dataset>`` for a named dataset other than SciFact (``--data
+    nfcorpus``), else ``quality-<profile>`` (the names the reports always had)."""
+    named = args.dataset in DATASETS and args.dataset != "scifact"
+    return f"quality-{args.profile}" + (f"-{args.dataset}" if named else "")
+
+
 def _stop(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -478,7 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)  # unwinds through run_child, which stops the run
     if args.combine:
         args.out.mkdir(parents=True, exist_ok=True)
-        save(combine(args.combine, args.name or f"quality-{args.profile}"), args.out)
+        if args.name is None:  # the parts' dataset, not --data's default
+            args.dataset = json.loads(args.combine[0].read_text()).get("dataset", "scifact")
+        save(combine(args.combine, args.name or default_name(args)), args.out)
         return 0
     seeds = args.seeds or PROFILES[args.profile]["seeds"]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -499,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     zero_shot = next(r["metrics"] for r in runs[0]["refreshes"] if r["step"] == 0)
     report = {
         "command": command_line(), "date": utc_now(), "machine": machine(),
-        "profile": args.profile, "name": args.name or f"quality-{args.profile}",
+        "profile": args.profile, "dataset": args.dataset,
+        "name": args.name or default_name(args),
         "overrides": args.overrides, "seeds": seeds,
         "methods": [args.label] if args.label else args.methods,
         "variants": labelled_variants(runs),

@@ -8,13 +8,17 @@ the run stored (``--runs-dir``), by exact inner-product search with the indexer'
 per-query nDCG@10 is the mean over its seeds. References: BM25 (bm25s, as in the report)
 and zero-shot (checkpoint 0).
 
-Each ANCE-family method is compared with each DPR-style baseline and each reference by a
-two-sided paired randomization test (sign flips of the per-query differences, Smucker et
-al. 2007), with a 95 % percentile-bootstrap interval of the mean difference and Benjamini-Hochberg
-adjusted p-values over all comparisons in the table.
+Each ANCE-family method is compared with each DPR-style baseline (the sentence-transformers
+peer ``st-static`` among them) and each reference by a two-sided paired randomization test
+(sign flips of the per-query differences, Smucker et al. 2007), with a 95 % percentile-bootstrap
+interval of the mean difference and Benjamini-Hochberg adjusted p-values over all comparisons
+in the table. ``--reference NAME`` instead compares every other system of the report (every
+method, zero-shot, BM25) with the one system NAME, e.g. the peer:
 
     python bench/significance.py docs/benchmarks/quality-cpu.json \\
         --runs-dir runs/quality2 runs/quality3
+    python bench/significance.py docs/benchmarks/quality-cpu.json --runs-dir runs/quality \\
+        --reference st-static --name quality-cpu-significance-vs-peer
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from quality import ALL_METHODS, bm25_runs
+from quality import ALL_METHODS, bm25_runs, display_name
 from scipy import stats
 from stored_run import find_run_dir, load_checkpoint
 
@@ -46,7 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("report", type=Path, help="A quality report JSON (bench/quality.py).")
     parser.add_argument("--runs-dir", type=Path, nargs="+", required=True,
                         help="Where the report's runs were kept (quality.py --runs-dir).")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared/data/scifact")
+    parser.add_argument("--data", type=Path,
+                        help="The dataset for BM25 (default: the runs' own data.path).")
+    parser.add_argument("--reference", metavar="NAME",
+                        help="Compare every other system (methods, zero-shot, BM25) with NAME "
+                             f"(a method of the report, {ZERO_SHOT!r} or {BM25!r}) instead of "
+                             "the ANCE family with the baselines; e.g. --reference st-static.")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     parser.add_argument("--name", help="Output stem (default <report stem>-significance).")
     parser.add_argument("--seed", type=int, default=0, help="Resampling seed.")
@@ -113,7 +122,8 @@ def compare(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> dict:
             "losses": int((diff < 0).sum()), "ties": int((diff == 0).sum())}
 
 
-def significance(report: dict, roots: list[Path], data: Path, seed: int) -> dict:
+def significance(report: dict, roots: list[Path], data: Path, seed: int,
+                 reference: str | None = None) -> dict:
     systems, qrels = per_query_scores(report, roots)
     bm25_run, bm25_qrels = bm25_runs(data)
     if bm25_qrels["test"] != qrels:
@@ -126,9 +136,16 @@ def significance(report: dict, roots: list[Path], data: Path, seed: int) -> dict
     family = sorted((m for m in base_of if base_of[m] in ANCE_FAMILY),
                     key=lambda m: ANCE_FAMILY.index(base_of[m]))
     baselines = [m for m in base_of if base_of[m] in BASELINES]
-    rows = [{"method": method, "versus": other,
-             **compare(vector[method], vector[other], rng)}
-            for method in family for other in [*baselines, ZERO_SHOT, BM25] if other in vector]
+    if reference is not None:
+        if reference not in vector:
+            raise SystemExit(f"--reference {reference!r}: not a system of this report "
+                             f"(choose from {sorted(vector)})")
+        pairs = [(name, reference) for name in [*base_of, ZERO_SHOT, BM25] if name != reference]
+    else:
+        pairs = [(method, other) for method in family
+                 for other in [*baselines, ZERO_SHOT, BM25] if other in vector]
+    rows = [{"method": method, "versus": other, **compare(vector[method], vector[other], rng)}
+            for method, other in pairs]
     if rows:
         adjusted = stats.false_discovery_control([row["p"] for row in rows])
         for row, p in zip(rows, adjusted, strict=True):
@@ -136,7 +153,8 @@ def significance(report: dict, roots: list[Path], data: Path, seed: int) -> dict
     seeds = {m: sorted(r["seed"] for r in report["runs"] if r["method"] == m) for m in systems
              if m not in (ZERO_SHOT, BM25)}
     return {"command": command_line(), "date": utc_now(), "machine": machine(),
-            "report": report.get("name"), "test_queries": len(queries), "seeds": seeds,
+            "report": report.get("name"), "dataset": report.get("dataset", "scifact"),
+            "reference": reference, "test_queries": len(queries), "seeds": seeds,
             "mean_ndcg@10": {name: float(v.mean()) for name, v in vector.items()},
             "resamples": RESAMPLES, "comparisons": rows}
 
@@ -146,7 +164,8 @@ def _p(value: float) -> str:
 
 
 def render_markdown(result: dict) -> str:
-    lines = [f"# Paired significance on SciFact test ({result['report']})", "",
+    lines = [f"# Paired significance on {display_name(result.get('dataset', 'scifact'))} test "
+             f"({result['report']})", "",
              f"Command: `{result['command']}`", "",
              f"Machine: {result['machine']['cpu']}; {result['date']}. "
              f"{result['test_queries']} test queries; per-query nDCG@10 of each method's "
@@ -169,7 +188,9 @@ def render_markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = json.loads(args.report.read_text())
-    result = significance(report, [r.resolve() for r in args.runs_dir], args.data, args.seed)
+    data = args.data or Path(report["runs"][0]["config"]["data"]["path"])
+    result = significance(report, [r.resolve() for r in args.runs_dir], data, args.seed,
+                          args.reference)
     name = args.name or f"{args.report.stem}-significance"
     args.out.mkdir(parents=True, exist_ok=True)
     write_report(args.out, name, result, render_markdown(result))

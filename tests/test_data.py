@@ -614,3 +614,47 @@ def test_positives_of_a_validated_dataset(tmp_path: Path) -> None:
     assert {q: index.positives(q) for q in index.train} == {"1": [2], "2": [3], "9": [1]}
     assert index.positives("10", "test") == [0, 4]
 
+
+
+# --------------------------------------------------------------------------- dev qrels
+
+
+def test_official_dev_qrels_replace_the_train_slice(tmp_path: Path) -> None:
+    """data.dev_split auto: a BEIR qrels/dev.tsv is the dev split, nothing is cut from train;
+    graded relevance is kept as judged (evaluation uses graded nDCG)."""
+    root = make_beir(tmp_path / "data")
+    _write(root / "qrels" / "dev.tsv", [HEADER, "q4\td6\t2", "q4\td1\t1", "q4\td2\t0"])
+    index = validate_dataset(cfg_for(root, dev_fraction=0.5), tmp_path / "cache")
+    assert index.dev == {"q4": {5: 2, 0: 1}}  # relevance 0 is judged non-relevant
+    assert set(index.train) == {"q1", "q2", "q3"}  # dev_fraction ignored: no slice cut
+    assert DatasetFiles.resolve(cfg_for(root)).dev_qrels == root / "qrels" / "dev.tsv"
+
+    # dev_split train: the file is ignored and the slice is cut from train as before.
+    sliced = validate_dataset(cfg_for(root, dev_fraction=0.5, dev_split="train"),
+                              tmp_path / "cache2")
+    assert "q4" not in sliced.dev and len(sliced.dev) == 2 and len(sliced.train) == 1
+
+
+def test_dev_qrels_override_and_missing_files(tmp_path: Path) -> None:
+    root = make_beir(tmp_path / "data")
+    _write(root / "heldout-dev.tsv", [HEADER, "q4\td6\t1"])
+    index = validate_dataset(cfg_for(root, dev_qrels="heldout-dev.tsv"), tmp_path / "cache")
+    assert index.dev == {"q4": {5: 1}}
+    with pytest.raises(DataError, match=r"dev qrels file .*nope\.tsv does not exist"):
+        DatasetFiles.resolve(cfg_for(root, dev_qrels="nope.tsv"))
+    with pytest.raises(DataError, match=r"qrels/dev\.tsv does not exist"):
+        DatasetFiles.resolve(cfg_for(root, dev_split="qrels"))
+    with pytest.raises(ValueError, match="dev_split is 'train'"):
+        cfg_for(root, dev_qrels="heldout-dev.tsv", dev_split="train")
+
+
+def test_dev_qrels_errors_name_file_and_line(tmp_path: Path) -> None:
+    root = make_beir(tmp_path / "data")
+    _write(root / "qrels" / "dev.tsv",
+           [HEADER, "q4\td6\t1", "q2\td1\t1", "q4\tnope\t1", "q5\td1\tx"])
+    message = error_of(root, tmp_path / "cache")
+    assert 'qrels/dev.tsv line 3: query "q2" is also in the train qrels' in message
+    assert 'qrels/dev.tsv line 4: unknown document id "nope"' in message
+    assert 'qrels/dev.tsv line 5: relevance must be an integer' in message
+    assert not (tmp_path / "cache").exists()
+

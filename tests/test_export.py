@@ -117,3 +117,16 @@ def test_unevaluated_checkpoint_has_no_model_index_and_a_head_is_refused(run_sto
     with pytest.raises(ExportError, match=r"checkpoint 15 of run 'exp' has ANCE's projection"):
         export_checkpoint(store, "last", tmp_path / "headed")
     assert not (tmp_path / "headed").exists()
+
+
+def test_model_card_names_where_dev_came_from() -> None:
+    """data.dev_split decides what the card says the dev split is."""
+    from ance_train.config import RunConfig
+    from ance_train.modeling.export import _dev_source
+
+    assert _dev_source(RunConfig(data={"path": "/d", "dev_split": "train"})).startswith(
+        "a held-out slice of the training queries (10%, at most 200, split seed 42)")
+    assert _dev_source(RunConfig(data={"path": "/d", "dev_qrels": "dev2.tsv"})) == \
+        "the dev qrels (dev2.tsv)"
+    auto = _dev_source(RunConfig(data={"path": "/d"}))
+    assert "qrels/dev.tsv" in auto and "held-out slice" in auto

@@ -136,13 +136,27 @@ class DataConfig(_Strict):
     queries_file: str | None = None
     train_qrels: str | None = None
     test_qrels: str | None = None
+    dev_qrels: str | None = Field(
+        None,
+        description="Dev qrels file (relative to path). None: the format's default, "
+                    "qrels/dev.tsv for BEIR (MS MARCO has none: its qrels.dev.tsv is the test "
+                    "split), used when it exists. See dev_split.")
+    dev_split: Literal["auto", "qrels", "train"] = Field(
+        "auto",
+        description="Where the dev queries come from. auto: the dev qrels file when the "
+                    "dataset has one (NFCorpus, like every BEIR set with an official dev "
+                    "split), else a slice of the training queries (SciFact has no dev); "
+                    "qrels: the dev qrels file, an error if it is missing; train: always a "
+                    "slice of train (dev_fraction, dev_max_queries), even beside a dev file.")
     dev_fraction: float = Field(
         0.1,
         ge=0.0,
         lt=1.0,
-        description="Share of training queries held out as the dev slice (SciFact has no dev).",
+        description="Share of training queries held out as the dev slice when the dev split "
+                    "is cut from train (SciFact has no dev).",
     )
-    dev_max_queries: int = Field(200, ge=0)
+    dev_max_queries: int = Field(200, ge=0, description="Cap of the dev slice cut from train "
+                                 "(an official dev qrels file is used whole).")
     split_seed: int = Field(
         42, description="Seed of the dev slice; fixed apart from training.seed so that runs "
                         "with different training seeds are evaluated on the same queries.")
@@ -164,13 +178,21 @@ class DataConfig(_Strict):
     @model_validator(mode="after")
     def _file_names_in_the_bucket(self) -> DataConfig:
         if self.s3 is not None:
-            for field in ("corpus_file", "queries_file", "train_qrels", "test_qrels"):
+            for field in ("corpus_file", "queries_file", "train_qrels", "test_qrels",
+                          "dev_qrels"):
                 name = getattr(self, field)
                 if name is not None:
                     try:
                         self.s3.child(name)
                     except ValueError as error:
                         raise ValueError(f"{field}: {error}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _dev_file_and_split(self) -> DataConfig:
+        if self.dev_split == "train" and self.dev_qrels is not None:
+            raise ValueError(f"dev_qrels {self.dev_qrels!r} is given but dev_split is 'train' "
+                             "(dev cut from the training queries): drop one of them")
         return self
 
     @property

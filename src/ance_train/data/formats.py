@@ -19,6 +19,12 @@ DEFAULT_FILES: dict[str, tuple[str, str, str, str]] = {
     "beir": ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "qrels/test.tsv"),
     "msmarco": ("collection.tsv", "queries.tsv", "qrels.train.tsv", "qrels.dev.tsv"),
 }
+DEFAULT_DEV_FILES: dict[str, str | None] = {
+    # The official dev qrels, used as the dev split when present (``data.dev_split: auto``).
+    # MS MARCO's qrels.dev.tsv is its test split here, so it has no default dev file.
+    "beir": "qrels/dev.tsv",
+    "msmarco": None,
+}
 
 
 class LineError(Exception):
@@ -27,13 +33,15 @@ class LineError(Exception):
 
 @dataclass(frozen=True)
 class DatasetFiles:
-    """The files of one dataset; ``test_qrels`` is ``None`` when the dataset has no test set.
+    """The files of one dataset; ``test_qrels`` is ``None`` when the dataset has no test set,
+    ``dev_qrels`` when the dev split is cut from the training queries (``data.dev_split``).
 
     Each file is a local path, or an object (:class:`S3Url`) when ``data.path`` is
     ``s3://bucket/prefix/`` (read through ``data/source.py``).
 
     For MS MARCO, ``test_qrels`` is the official dev qrels (``qrels.dev.tsv``): the dev split
-    of :class:`DatasetIndex` is always carved out of the training queries.
+    of :class:`DatasetIndex` is carved out of the training queries unless ``data.dev_qrels``
+    names another file.
     """
 
     corpus: DataFile
@@ -41,6 +49,7 @@ class DatasetFiles:
     train_qrels: DataFile
     test_qrels: DataFile | None = None
     root: DataFile | None = None
+    dev_qrels: DataFile | None = None
 
     @classmethod
     def resolve(cls, cfg: DataConfig) -> DatasetFiles:
@@ -64,6 +73,21 @@ class DatasetFiles:
         has_test = source.exists(test)
         if cfg.test_qrels is not None and not has_test:
             problems.add(f"test qrels file {test} does not exist")
+        dev: DataFile | None = None
+        dev_name = cfg.dev_qrels or DEFAULT_DEV_FILES[cfg.format]
+        if cfg.dev_split != "train" and dev_name is not None:
+            dev = under(dev_name)
+            if not source.exists(dev):
+                if cfg.dev_qrels is not None or cfg.dev_split == "qrels":
+                    problems.add(f"dev qrels file {dev} does not exist (data.dev_split: "
+                                 f"{cfg.dev_split})")
+                dev = None
+        elif cfg.dev_split == "qrels":
+            problems.add(f"data.dev_split is 'qrels' but the {cfg.format} format has no "
+                         "default dev qrels file: set data.dev_qrels")
+        if dev is not None and dev in (train, test):
+            problems.add(f"dev qrels file {dev} is also the "
+                         f"{'train' if dev == train else 'test'} qrels file")
         problems.raise_if_any()
         return cls(
             corpus=corpus,
@@ -71,6 +95,7 @@ class DatasetFiles:
             train_qrels=train,
             test_qrels=test if has_test else None,
             root=root,
+            dev_qrels=dev,
         )
 
 

@@ -131,8 +131,10 @@ def _scan_qrels(
     queries: dict[str, str],
     problems: Problems,
     warnings: list[str],
+    query_lines: dict[str, int] | None = None,
 ) -> Qrels:
-    """Positive qrels of one file, keyed by document index, in order of first appearance."""
+    """Positive qrels of one file, keyed by document index, in order of first appearance;
+    ``query_lines`` (if given) receives the first line of each query."""
     qrels: Qrels = {}
     first_line: dict[tuple[str, int], tuple[int, int]] = {}
     columns = 0  # 3 (BEIR: query-id, corpus-id, score) or 4 (TREC: qid, 0, pid, rel)
@@ -188,6 +190,8 @@ def _scan_qrels(
                     duplicates += 1
                 continue
             first_line[(qid, index)] = (line_no, rel)
+            if query_lines is not None:
+                query_lines.setdefault(qid, line_no)
             if is_positive(rel):
                 qrels.setdefault(qid, {})[index] = rel
     if duplicates:
@@ -196,12 +200,14 @@ def _scan_qrels(
     return qrels
 
 
-def _split_train(train: Qrels, cfg: DataConfig, seed: int) -> tuple[Qrels, Qrels]:
-    """Hold out the dev queries and cap the train queries, deterministically."""
+def _split_train(train: Qrels, cfg: DataConfig, seed: int,
+                 cut_dev: bool = True) -> tuple[Qrels, Qrels]:
+    """Hold out the dev queries (unless the dev split has a file of its own: ``cut_dev``
+    False) and cap the train queries, deterministically."""
     order = sorted(train)
     random.Random(seed).shuffle(order)
     n_dev = min(round(cfg.dev_fraction * len(order)), cfg.dev_max_queries, len(order) - 1)
-    n_dev = max(n_dev, 0)
+    n_dev = max(n_dev, 0) if cut_dev else 0
     dev_ids = set(order[:n_dev])
     train_ids = order[n_dev:]
     if cfg.max_train_queries is not None:
@@ -259,6 +265,20 @@ def validate_dataset(cfg: DataConfig, cache_dir: str | Path, seed: int = 42) -> 
             problems,
             warnings,
         )
+    dev_file: Qrels | None = None
+    if files.dev_qrels is not None:
+        dev_name = display_path(files.dev_qrels, root)
+        dev_lines: dict[str, int] = {}
+        dev_file = _scan_qrels(files.dev_qrels, dev_name, scan.doc_index, queries, problems,
+                               warnings, dev_lines)
+        # Selecting checkpoints on queries the model trained on (or is tested on) would
+        # select nothing: an official dev split must be disjoint from both.
+        for other, split in (("train", train_all), ("test", test)):
+            for qid in sorted(set(dev_file) & set(split), key=dev_lines.__getitem__):
+                problems.at(dev_name, dev_lines[qid],
+                            f"query {quote(qid)} is also in the {other} qrels")
+        if not dev_file and not problems.count:
+            problems.add(f"{dev_name}: no dev judgements with relevance > 0")
     if not train_all and not problems.count:
         problems.add(f"{train_name}: no training judgements with relevance > 0")
     problems.raise_if_any()
@@ -269,7 +289,9 @@ def validate_dataset(cfg: DataConfig, cache_dir: str | Path, seed: int = 42) -> 
         warnings.append(
             f"{len(overlap)} queries are in both the train and test qrels: {_name_ids(overlap)}"
         )
-    train, dev = _split_train(train_all, cfg, seed)
+    train, dev = _split_train(train_all, cfg, seed, cut_dev=dev_file is None)
+    if dev_file is not None:
+        dev = dev_file
     used = set(train) | set(dev) | set(test)
     index = DatasetIndex(
         format=cfg.format,

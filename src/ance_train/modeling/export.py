@@ -105,7 +105,8 @@ def select_checkpoint(store: ObjectStore, which: str) -> int:
             raise ExportError(
                 f"run {run!r}: no checkpoint has {BEST_SPLIT} {BEST_MEASURE} in its eval report, "
                 f"so there is no best one (best is chosen on {BEST_SPLIT}, never on test; "
-                f"give index.eval_splits a dev split and data.dev_fraction > 0, or export "
+                f"give index.eval_splits a dev split and a dev split to the data (official "
+                f"dev qrels, or data.dev_fraction > 0), or export "
                 f"--checkpoint last or a step)")
         best = max(value for value, _ in scored)
         return next(step for value, step in scored if value == best)  # the earliest of ties
@@ -302,9 +303,7 @@ def model_card(run_id: str, step: int, config: RunConfig | None, report: dict | 
         index = (f"a `{config.index.type}` index" if config is not None else "an ANN index")
         lines += [f"The indexer evaluated checkpoint {step} by retrieval over the whole corpus "
                   f"({index} of this checkpoint's embeddings, top {depth}), measured with "
-                  "ir-measures. `dev` is a held-out slice of the training queries"
-                  + (f" ({config.data.dev_fraction:.0%}, at most {config.data.dev_max_queries}, "
-                     f"split seed {config.data.split_seed})" if config is not None else "")
+                  "ir-measures. `dev` is " + _dev_source(config)
                   + "; `test` is the dataset's test qrels, reported only: checkpoints are "
                   f"selected on dev {BEST_MEASURE}, never on test.", ""]
         measures = list(dict.fromkeys(m for values in report["metrics"].values() for m in values))
@@ -315,3 +314,18 @@ def model_card(run_id: str, step: int, config: RunConfig | None, report: dict | 
                 f"{values[m]:.4f}" if m in values else "" for m in measures) + " |")
         lines += ["", f"The full report is in `{EVAL_FILE}`.", ""]
     return "\n".join(lines)
+
+
+def _dev_source(config: RunConfig | None) -> str:
+    """Where the dev queries came from (``data.dev_split``), for the model card."""
+    if config is None:
+        return "the run's dev split"
+    data = config.data
+    sliced = (f"a held-out slice of the training queries ({data.dev_fraction:.0%}, at most "
+              f"{data.dev_max_queries}, split seed {data.split_seed})")
+    named = data.dev_qrels or "the dataset's dev qrels file"
+    if data.dev_split == "train":
+        return sliced
+    if data.dev_split == "qrels" or data.dev_qrels is not None:
+        return f"the dev qrels ({named})"
+    return f"{named} when the dataset has one (BEIR qrels/dev.tsv), else {sliced}"
