@@ -1075,7 +1075,7 @@ def test_trainer_ranks_command_matches_the_embedded_launcher(
 ) -> None:
     """Cluster and embedded mode start the same rank code with the same launcher flags; only
     where the c10d rendezvous is differs (pod 0 here, 127.0.0.1 there)."""
-    embedded = [*service_command("trainer", 4), "serve", "trainer"]
+    embedded = [*service_command("trainer", 4).argv, "serve", "trainer"]
     main = pod_spec(one(ranks_objects, "Job", f"{FULLNAME}-trainer"))["containers"][0]
     rendered = [*main["command"], *main["args"]]
     assert embedded[1:3] == rendered[1:3] == ["-m", "torch.distributed.run"]
@@ -1088,7 +1088,7 @@ def test_trainer_ranks_command_matches_the_embedded_launcher(
     assert _flags(embedded) <= _flags(rendered)
     assert _flag(embedded, "--rdzv-backend") == "c10d" == _flag(rendered, "--rdzv-backend")
     # And the single-process trainer: the same module as `python -m ance_train.cli`.
-    assert service_command("trainer", 1)[1:] == ["-m", "ance_train.cli"]
+    assert service_command("trainer", 1).argv[1:] == ["-m", "ance_train.cli"]
 
 
 def test_trainer_ranks_get_the_environment_the_embedded_ranks_get(
@@ -1443,7 +1443,7 @@ def test_rank_commands_launch_the_same_as_the_embedded_launcher(
     variables the operator adds) launch the same rank code with the same settings, as
     torchrun itself reads their commands; only where the c10d rendezvous is differs
     (127.0.0.1 embedded, pod 0 / the Master pod in the cluster) and how many nodes meet."""
-    embedded_argv = ["python", *service_command("trainer", 4)[1:], "serve", "trainer"]
+    embedded_argv = ["python", *service_command("trainer", 4).argv[1:], "serve", "trainer"]
     embedded = _launch(embedded_argv, {}, monkeypatch, tmp_path)
 
     job_main = pod_spec(one(ranks_objects, "Job", TRAINER))["containers"][0]

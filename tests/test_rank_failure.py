@@ -23,7 +23,7 @@ import pytest
 
 from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.rpc import fetch_status
-from ance_train.launcher.embedded import RANKS_ENV, service_command
+from ance_train.launcher.embedded import service_command
 from ance_train.launcher.ports import free_port
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished, EvalCompleted, NegativesReady
@@ -99,13 +99,13 @@ def test_killed_ranks_restart_the_group_from_the_last_checkpoint(
     bus = EventBus(connect(redis_server.url), harness.config.run_id)
     others = [harness.spawn("indexer", "indexer"), harness.spawn("inferencer", "inferencer")]
     config = harness.config.training
-    command = [*service_command("trainer", config.processes, config.max_restarts),
-               "serve", "trainer", "--config", str(harness.config_path),
+    launch = service_command("trainer", config.processes, config.max_restarts)
+    command = [*launch.argv, "serve", "trainer", "--config", str(harness.config_path),
                "--instance", "trainer", "--work-dir", str(harness.root / "work" / "trainer"),
                "--port", str(port := free_port())]  # every rank 0 binds this port
     with open(harness.root / "trainer.log", "ab") as log:
         torchrun = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**harness.env(), **RANKS_ENV})
+                                    env={**harness.env(), **launch.env})
     try:
         step_1, killed_1 = _kill_after(bus, torchrun, 1, REFRESH)
         killed_at = time.monotonic()
@@ -175,12 +175,13 @@ def test_ranks_die_with_their_torchrun_agent(tmp_path: Path, redis_server, tiny_
         training={"steps": 4, "batch_size": 8, "refresh_every": 2, "warmup_steps": 1,
                   "torch_threads": 1, "processes": 2},
         negatives={"pool": "ann", "per_query": 1, "warmup": "none"})
-    command = [*service_command("trainer", 2), "serve", "trainer", "--config",
+    launch = service_command("trainer", 2)
+    command = [*launch.argv, "serve", "trainer", "--config",
                str(harness.config_path), "--instance", "trainer",
                "--work-dir", str(harness.root / "work" / "trainer")]
     with open(harness.root / "trainer.log", "ab") as log:
         torchrun = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**harness.env(), **RANKS_ENV})
+                                    env={**harness.env(), **launch.env})
     try:
         ranks = [_rank_process(torchrun, rank) for rank in (0, 1)]
         wait_until(lambda: "waiting for first negatives" in harness.log("trainer")

@@ -54,10 +54,11 @@ def _prepare(root: Path, run_id: str, redis_url: str, model_dir: Path, data: Pat
 
 def _launch(harness: Harness) -> None:
     """The trainer on two ranks, as ``ance-train run`` starts it."""
-    command = [*service_command("trainer", 2), "serve", "trainer",
+    launch = service_command("trainer", 2)
+    command = [*launch.argv, "serve", "trainer",
                "--config", str(harness.config_path), "--instance", "trainer",
                "--work-dir", str(harness.root / "work")]
-    done = subprocess.run(command, env={**harness.env(), **RANKS_ENV}, capture_output=True,
+    done = subprocess.run(command, env={**harness.env(), **launch.env}, capture_output=True,
                           text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -151,13 +152,14 @@ def test_embedded_run_with_two_trainer_processes(tmp_path: Path, scifact_subset:
 
 
 def test_service_command_starts_trainer_ranks_through_torchrun() -> None:
-    assert service_command("trainer", 1)[1:] == ["-m", "ance_train.cli"]
-    assert service_command("indexer", 4)[1:] == ["-m", "ance_train.cli"]
-    command = service_command("trainer", 3)
+    assert service_command("trainer", 1) == ([sys.executable, "-m", "ance_train.cli"], {})
+    assert service_command("indexer", 4) == ([sys.executable, "-m", "ance_train.cli"], {})
+    command, env = service_command("trainer", 3)
+    assert env == RANKS_ENV  # torchrun's restarts need it: it comes with the command
     assert command[1:3] == ["-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "3"
     assert command[command.index("--rdzv-backend") + 1] == "c10d"
     assert command[command.index("--rdzv-endpoint") + 1].startswith("127.0.0.1:")
     assert command[command.index("--max-restarts") + 1] == "3"  # training.max_restarts
-    assert service_command("trainer", 2, 0)[command.index("--max-restarts") + 1] == "0"
+    assert service_command("trainer", 2, 0).argv[command.index("--max-restarts") + 1] == "0"
     assert command[-2:] == ["-m", "ance_train.cli"]

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -188,11 +189,11 @@ class EmbeddedRun:
                extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         training = self.config.training
-        args = [*service_command(role, training.processes, training.max_restarts), "serve", role,
+        command = service_command(role, training.processes, training.max_restarts)
+        args = [*command.argv, "serve", role,
                 "--config", str(self.resolved_config), "--instance", name,
                 "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
-        env = ({**self.env, **RANKS_ENV} if role == "trainer" and training.processes > 1
-               else self.env)
+        env = {**self.env, **command.env}
         with open(log_path, "ab") as log:
             process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL,
@@ -377,8 +378,16 @@ class EmbeddedRun:
 RANKS_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
+class ServiceCommand(NamedTuple):
+    """How to start a service process: its argv (``serve ROLE ...`` follows) and the
+    environment variables the launcher itself needs, laid over the caller's environment."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+
 def service_command(role: str, trainer_processes: int = 1, max_restarts: int = 3
-                    ) -> list[str]:
+                    ) -> ServiceCommand:
     """How a service process starts: ``python -m ance_train.cli``, or for a data-parallel
     trainer torch's elastic launcher starting ``trainer_processes`` ranks of it on this machine
     (rank 0 is the trainer the others see: trainer/distributed.py, trainer/trainer.py). When
@@ -386,14 +395,16 @@ def service_command(role: str, trainer_processes: int = 1, max_restarts: int = 3
     ``max_restarts`` times (``training.max_restarts``); they resume from the newest complete
     checkpoint.
 
-    The ranks meet through the c10d rendezvous, as in the chart; run it with
-    :data:`RANKS_ENV`."""
+    The ranks meet through the c10d rendezvous, as in the chart, and need :data:`RANKS_ENV`
+    to survive a restart: it comes with the command, so no caller can forget it."""
     if role != "trainer" or trainer_processes == 1:
-        return [sys.executable, "-m", "ance_train.cli"]
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc-per-node", str(trainer_processes), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", str(max_restarts),
-            "-m", "ance_train.cli"]
+        return ServiceCommand([sys.executable, "-m", "ance_train.cli"], {})
+    return ServiceCommand(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+         "--nproc-per-node", str(trainer_processes), "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", str(max_restarts),
+         "-m", "ance_train.cli"],
+        dict(RANKS_ENV))
 
 
 def _metrics_table(config: RunConfig) -> Table:
