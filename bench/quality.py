@@ -10,6 +10,7 @@ checkpoint only. References: BM25 (bm25s, k1=0.9, b=0.4 as in BEIR/Anserini) and
 (checkpoint 0 of every run: the pretrained model, evaluated by the same indexer code).
 
     python bench/quality.py --profile cpu               # ≤ 60 min on 2 CPU cores
+    python bench/quality.py --profile cpu-long --methods ance st-static   # 300 steps
     python bench/quality.py --profile gpu --seeds 13 42 77
 
 Writes ``quality-<profile>.json``, ``quality-<profile>.md`` and plots (test nDCG@10 per
@@ -85,6 +86,15 @@ PROFILES: dict[str, dict] = {
             "inference": {"replicas": 2, "shard_size": 500, "batch_size": 32,
                           "torch_threads": 1},
             "seeds": [13]},
+    # The longer CPU budget of issue 16: 300 steps (4,800 queries, about 6.6 epochs of
+    # SciFact's 728), six refreshes after zero-shot; about 25 min a run on the 2-core
+    # AVX512-BF16 machine, 1 h without bf16.
+    "cpu-long": {"training": {"steps": 300, "batch_size": 16, "learning_rate": 5e-5,
+                              "warmup_steps": 30, "refresh_every": 50, "torch_threads": 1},
+                 "model": {"max_query_length": 48, "max_doc_length": 128},
+                 "inference": {"replicas": 2, "shard_size": 500, "batch_size": 32,
+                               "torch_threads": 1},
+                 "seeds": [13, 42, 77]},
     "gpu": {"training": {"steps": 2000, "batch_size": 64, "learning_rate": 2e-5,
                          "warmup_steps": 100, "refresh_every": 250},
             "model": {"max_query_length": 64, "max_doc_length": 256},
