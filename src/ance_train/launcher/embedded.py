@@ -368,7 +368,13 @@ class EmbeddedRun:
 
     # -- tear-down ------------------------------------------------------------------------
     def stop(self, timeout_s: float = 15.0) -> None:
-        self.supervisor.stop()
+        self.supervisor.pause()
+        try:
+            self._stop(timeout_s)
+        finally:  # last: the processes it restarted die with its thread (supervisor.py)
+            self.supervisor.close()
+
+    def _stop(self, timeout_s: float) -> None:
         if self.finished:
             self._let_trainer_exit(timeout_s)
         for child in self.children:

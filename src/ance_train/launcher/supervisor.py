@@ -10,6 +10,10 @@ last log lines. Every restart is recorded (:class:`Restart`) for the run's summa
 
 It runs on its own thread, not in the monitor's loop, because that loop reads Redis: with
 Redis down its client blocks in its own retries, and Redis is one of the processes to restart.
+That thread must outlive what it started: the children die with their parent
+(``PR_SET_PDEATHSIG``, infra/process.py), and for the kernel the parent is the *thread* that
+forked them. So :meth:`Supervisor.pause` ends the restarts when a run is torn down and
+:meth:`Supervisor.close` ends the thread only after every child has been stopped.
 """
 
 from __future__ import annotations
@@ -98,7 +102,8 @@ class Supervisor:
         self._states: dict[str, _State] = {}
         self._failure: CrashLoop | None = None
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
+        self._stopping = threading.Event()  # no more restarts
+        self._closing = threading.Event()  # the thread ends
         self._thread: threading.Thread | None = None
 
     def add(self, service: Supervised) -> None:
@@ -111,9 +116,15 @@ class Supervisor:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def pause(self) -> None:
         """No restart after this returns (the run is being torn down)."""
-        self._stopping.set()
+        with self._lock:  # a restart in flight has finished
+            self._stopping.set()
+
+    def close(self) -> None:
+        """End the thread, once the processes it started have been stopped (see above)."""
+        self.pause()
+        self._closing.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
 
@@ -127,15 +138,13 @@ class Supervisor:
             return [r.to_dict() for r in self.restarts]
 
     def _loop(self) -> None:
-        while not self._stopping.wait(self.interval_s):
+        while not self._closing.wait(self.interval_s):
             self.tick()
-            if self._failure is not None:
-                return
 
     def tick(self) -> None:
         """One pass: notice crashes, start what is due."""
         with self._lock:
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self._failure is not None:
                 return
             for name, service in self._services.items():
                 state = self._states[name]
