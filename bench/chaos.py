@@ -3,6 +3,7 @@
     python bench/chaos.py --minutes 30 --seed 7            # → docs/benchmarks/chaos.{json,md}
     python bench/chaos.py --replay chaos-schedule.json      # the same faults again
     python bench/chaos.py --minutes 1 --faults 5 --data subset --out /tmp/c --reliability ''
+    python bench/chaos.py --render docs/benchmarks/chaos.json --notes notes.md   # publish again
 
 One invocation runs, side by side as separate worker processes (``--worker``), the *chaos*
 run and the undisturbed *baseline* runs (the same configuration; seed ``--seed`` and, for the
@@ -563,6 +564,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--name", default="chaos")
     parser.add_argument("--reliability", default=str(REPO / "docs" / "reliability.md"),
                         help="document whose chaos section is replaced ('': none)")
+    parser.add_argument("--render", type=Path,
+                        help="publish a saved report again (with --notes), run nothing")
+    parser.add_argument("--notes", help="markdown appended to the report and the section")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -724,6 +728,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker is not None:
         return run_worker(args.worker)
+    if args.render is not None:
+        report = json.loads(args.render.read_text())
+        publish(args, report)
+        return 0 if report["passed"] else 1
     from servers import moto_server
     from support.synthetic import make_tiny_bert
 
@@ -774,14 +782,25 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not report["passed"] and not lost:
         report["lost"] = "nothing, but the final metrics are outside the noise"
-    markdown = render(report) if all(r.get("finished") for r in results) else (
+    publish(args, report)
+    print(f"passed: {report['passed']}", flush=True)
+    return 0 if report["passed"] else 1
+
+
+def publish(args: argparse.Namespace, report: dict) -> None:
+    """``<out>/<name>.{json,md}`` and the chaos section of docs/reliability.md, with the
+    ``--notes`` (what a soak found, written by hand) after the figures."""
+    if args.notes:
+        report["notes"] = Path(args.notes).read_text()
+    finished = all(r.get("finished") for r in (report["chaos"], *report["baselines"]))
+    markdown = render(report) if finished else (
         f"## Chaos soak\n\nA run did not finish: {report['lost']}\n")
+    if report.get("notes"):
+        markdown += "\n" + report["notes"].rstrip("\n") + "\n"
     write_report(args.out, args.name, report, markdown)
     if args.reliability:
         doc = Path(args.reliability)
         doc.write_text(SECTION.splice(doc.read_text() if doc.exists() else "", markdown))
-    print(f"passed: {report['passed']}", flush=True)
-    return 0 if report["passed"] else 1
 
 
 if __name__ == "__main__":
