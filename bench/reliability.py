@@ -27,7 +27,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from search_load import SECTION_BEGIN, SECTION_END, splice
+from chaos import SECTION as CHAOS_SECTION
+from search_load import SECTION as SEARCH_LOAD_SECTION
 
 from report import command_line, machine, utc_now
 
@@ -163,12 +164,11 @@ def render(rows: list[dict], tests: list[TestResult], command: str, test_command
     return "\n".join(lines) + "\n"
 
 
-def keep_section(old: str, new: str) -> str:
-    """``new`` with the search-load section of ``old`` (if any) carried over."""
-    if SECTION_BEGIN not in old or SECTION_END not in old:
-        return new
-    section = old.split(SECTION_BEGIN, 1)[1].split(SECTION_END, 1)[0].lstrip("\n")
-    return splice(new, section)
+def keep_sections(old: str, new: str) -> str:
+    """``new`` with the sections other benchmarks wrote into ``old`` carried over."""
+    for section in (SEARCH_LOAD_SECTION, CHAOS_SECTION):
+        new = section.carry(old, new)
+    return new
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             test_command = shlex.join(["python", *pytest_args(args.keyword)])
     info = {**machine(), "load average (1 min) at the end": f"{os.getloadavg()[0]:.1f}"}
     text = render(rows, tests, command_line(), test_command, info, date)
-    if args.out.exists():  # bench/search_load.py's section is kept as it last wrote it
-        text = keep_section(args.out.read_text(), text)
+    if args.out.exists():  # the search-load and chaos sections are kept as last written
+        text = keep_sections(args.out.read_text(), text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f"{len(rows)} fault rows, {len(tests)} tests -> {args.out}")

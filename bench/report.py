@@ -63,3 +63,26 @@ def write_report(out: Path, name: str, report: dict, markdown: str) -> None:
     (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / f"{name}.md").write_text(markdown)
     print(markdown)
+
+
+class Section:
+    """A part of a shared document (docs/reliability.md) that one benchmark writes between HTML
+    comment markers, so a rerun replaces it and other writers of the document keep it."""
+
+    def __init__(self, name: str, writer: str) -> None:
+        self.begin = f"<!-- {name}: written by {writer} -->"
+        self.end = f"<!-- /{name} -->"
+
+    def splice(self, document: str, section: str) -> str:
+        """``document`` with this section replaced by ``section`` (appended if absent)."""
+        block = f"{self.begin}\n{section}{self.end}\n"
+        if self.begin in document and self.end in document:
+            head, rest = document.split(self.begin, 1)
+            return head + block + rest.split(self.end, 1)[1].lstrip("\n")
+        return document.rstrip("\n") + "\n\n" + block
+
+    def carry(self, old: str, new: str) -> str:
+        """``new`` with this section of ``old`` (if any) carried over."""
+        if self.begin not in old or self.end not in old:
+            return new
+        return self.splice(new, old.split(self.begin, 1)[1].split(self.end, 1)[0].lstrip("\n"))

@@ -37,11 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from report import command_line, machine, utc_now, write_report
+from report import Section, command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION_BEGIN = "<!-- search-load: written by bench/search_load.py -->"
-SECTION_END = "<!-- /search-load -->"
+SECTION = Section("search-load", "bench/search_load.py")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,22 +270,13 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice(document: str, section: str) -> str:
-    """``document`` with its search-load section replaced by ``section`` (appended if none)."""
-    block = f"{SECTION_BEGIN}\n{section}{SECTION_END}\n"
-    if SECTION_BEGIN in document and SECTION_END in document:
-        head, rest = document.split(SECTION_BEGIN, 1)
-        return head + block + rest.split(SECTION_END, 1)[1].lstrip("\n")
-    return document.rstrip("\n") + "\n\n" + block
-
-
 def publish(args: argparse.Namespace, report: dict) -> None:
     """docs/benchmarks/search-load.{json,md} and the section of docs/reliability.md."""
     markdown = render(report)
     write_report(args.out, "search-load", report, markdown)
     if str(args.reliability):
         doc = args.reliability
-        doc.write_text(splice(doc.read_text() if doc.exists() else "", markdown))
+        doc.write_text(SECTION.splice(doc.read_text() if doc.exists() else "", markdown))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,11 +75,14 @@ def test_a_bad_config_fails_before_anything_starts(tmp_path: Path, tiny_model,
 
 def test_a_service_that_dies_stops_the_iteration(tmp_path: Path, tiny_model,
                                                  scifact_subset) -> None:
+    """With services.restart.policy never (the default restarts it: tests/test_restarts.py)."""
     config = _config(tmp_path, tiny_model, scifact_subset)
+    config["services"] = {"restart": {"policy": "never"}}
     run = ance_train.Run(config, max_minutes=6).start()
     indexer = next(c for c in run._run.children if c.role == "indexer")
     indexer.process.kill()
-    with pytest.raises(RunAborted, match="indexer exited"):
+    with pytest.raises(RunAborted, match=r"indexer exited with signal SIGKILL and is not "
+                                         r"restarted: services\.restart\.policy is never"):
         for _ in run.refreshes():
             pass
     assert all(child.process.poll() is not None for child in run._run.children)

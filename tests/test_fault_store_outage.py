@@ -1,9 +1,9 @@
 """The object store unreachable for 30 s in the middle of a refresh.
 
 The services reach a real S3 server (moto, through the minio client) only through a loopback
-TCP proxy (tests/tcp_proxy.py). While checkpoint 0's shards are being encoded the proxy resets
-every open connection and every new one for 30 s; moto itself keeps running, so its in-memory
-objects survive. Store calls must retry with backoff (S3Store: tenacity, up to
+TCP proxy (tests/support/tcp_proxy.py). While checkpoint 0's shards are being encoded the
+proxy resets every open connection and every new one for 30 s; moto itself keeps running, so
+its in-memory objects survive. Store calls must retry with backoff (S3Store: tenacity, up to
 ``ANCE_S3_RETRY_SECONDS``), no service may exit, and the run must complete with nothing lost.
 """
 
@@ -28,7 +28,7 @@ from fault_run import (
     wait_mid_refresh,
 )
 from service_harness import Harness
-from tcp_proxy import tcp_proxy
+from support.tcp_proxy import tcp_proxy
 
 pytestmark = pytest.mark.fault
 

@@ -24,7 +24,7 @@ from ance_train.data.problems import DataError
 from ance_train.data.validation import validate_dataset
 from ance_train.protocol.keys import DATASET_INDEX_FILE, DOC_OFFSETS_FILE
 
-from tcp_proxy import TcpProxy
+from support.tcp_proxy import TcpProxy
 
 HEADER = "query-id\tcorpus-id\tscore"
 

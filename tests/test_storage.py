@@ -595,3 +595,27 @@ def test_store_from_env_local(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> 
 def test_store_from_env_unconfigured(clean_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(StorageError, match="ANCE_STORE_DIR"):
         store_from_env("r1")
+
+
+def test_unfinished_multipart_uploads_of_the_run_are_aborted(moto_env, tmp_path: Path) -> None:
+    """A writer killed between the parts of a multipart upload leaves it open (bench/chaos.py
+    found two after a soak); the sweep aborts the run's, and only the run's."""
+    suffix = uuid.uuid4().hex[:8]
+    mine, other = _s3(moto_env, f"mine-{suffix}"), _s3(moto_env, f"other-{suffix}")
+    mine.put_bytes("checkpoints/1/done.bin", b"complete")
+    client, bucket = mine._client, moto_env["ANCE_S3_BUCKET"]
+    for name in (f"mine-{suffix}/checkpoints/1/state.safetensors", f"other-{suffix}/x.bin"):
+        upload_id = client._create_multipart_upload(bucket, name, {})
+        client._upload_part(bucket, name, b"\0" * (5 * 2**20), None, upload_id, 1)
+
+    def open_uploads() -> list[str]:
+        page = client._list_multipart_uploads(bucket, prefix="")
+        return sorted(u.object_name for u in page.uploads if suffix in u.object_name)
+
+    assert len(open_uploads()) == 2
+    assert mine.abort_unfinished_uploads() == ["checkpoints/1/state.safetensors"]
+    assert open_uploads() == [f"other-{suffix}/x.bin"]
+    assert mine.list() == ["checkpoints/1/done.bin"]  # complete objects untouched
+    assert mine.abort_unfinished_uploads() == []
+    assert LocalStore("run", tmp_path).abort_unfinished_uploads() == []
+    other.abort_unfinished_uploads()

@@ -85,7 +85,7 @@ class Run:
             self.stop()
         result = RunResult([vars(r) for r in self.evaluations], self.trainer_summary,
                            self.evaluations[-1].elapsed_s if self.evaluations else 0.0,
-                           self._run.store.usage())
+                           self._run.store.usage(), self._run.supervisor.records())
         write_summary(self.run_dir, result)
 
     def wait(self) -> list[Refresh]:

@@ -608,12 +608,47 @@ class StoreConfig(_Strict):
                     "all.")
 
 
+class RestartConfig(_Strict):
+    """What the embedded launcher does when a service process (or its Redis) exits, as the
+    kubelet does for a pod with ``restartPolicy: Always``: start it again after a back-off
+    that doubles with each consecutive crash (CrashLoopBackOff) and is forgotten once the
+    process has run ``reset_after_s``. The kubelet waits 10 s doubling to 5 min, reset after
+    10 min; the embedded defaults are shorter because a crashed process here costs seconds
+    of a run that lasts minutes, and a crash loop is still caught by the budget
+    (``max_restarts`` within ``window_s``), beyond which the run stops naming the service.
+    A trainer that exits 0 has finished and is not restarted."""
+
+    policy: Literal["always", "never"] = Field(
+        "always", description="always: restart crashed services; never: a crash stops the run.")
+    initial_backoff_s: float = Field(1.0, ge=0.0)
+    max_backoff_s: float = Field(30.0, ge=0.0)
+    reset_after_s: float = Field(
+        60.0, gt=0.0, description="A process that ran this long restarts with the initial "
+                                  "back-off again.")
+    max_restarts: int = Field(
+        5, ge=0, description="Restarts of one service within window_s before the run stops.")
+    window_s: float = Field(600.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> RestartConfig:
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise ValueError("services.restart.max_backoff_s must be at least "
+                             "initial_backoff_s")
+        return self
+
+    def backoff_s(self, consecutive: int) -> float:
+        """The wait before restart number ``consecutive`` (1, 2, ...) of a crash loop."""
+        return min(self.initial_backoff_s * 2.0 ** max(consecutive - 1, 0), self.max_backoff_s)
+
+
 class ServicesConfig(_Strict):
-    """Ports of the gRPC endpoints in the embedded mode (0 = pick a free port)."""
+    """The embedded mode's processes: ports of the gRPC endpoints (0 = pick a free port) and
+    the restart policy."""
 
     trainer_port: int = Field(0, ge=0, le=65535)
     indexer_port: int = Field(0, ge=0, le=65535)
     inferencer_base_port: int = Field(0, ge=0, le=65535)
+    restart: RestartConfig = Field(default_factory=RestartConfig)
 
 
 # Trackers besides TensorBoard, each with the package it needs (``ance-train[tracking]``).

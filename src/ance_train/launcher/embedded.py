@@ -4,8 +4,10 @@ Validates the configuration and the dataset before anything starts, launches a p
 Redis server, the object store (a local directory, or S3 when ``ANCE_S3_ENDPOINT`` is set),
 the trainer, the indexer (``index.partitions`` processes) and ``inference.replicas``
 inferencers, then shows progress and a metrics table at every refresh until the final
-checkpoint is evaluated. Ctrl-C (or any
-service failing) stops every child; children also die with the launcher (PDEATHSIG).
+checkpoint is evaluated. A service process (or Redis) that exits is started again as the
+kubelet would (``services.restart``, :mod:`ance_train.launcher.supervisor`); Ctrl-C, or a
+service crashing beyond its restart budget, stops every child; children also die with the
+launcher (PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -38,6 +42,7 @@ from ance_train.infra.rpc import fetch_status
 from ance_train.infra.store import LocalStore, ObjectStore, StorageError, store_from_env
 from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
+from ance_train.launcher.supervisor import CrashLoop, Supervisor
 from ance_train.modeling.model import check_encoder
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
 from ance_train.protocol import keys
@@ -56,21 +61,64 @@ class RunAborted(RuntimeError):
 
 @dataclass
 class Child:
+    """A service process; :meth:`restart` starts it again with the same name, port, work
+    directory and log (appended to)."""
+
     name: str
     role: str
     port: int
     process: subprocess.Popen
     log_path: Path
+    launch: Callable[[], subprocess.Popen]
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return _tail(self.log_path, chars)
+
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def done(self, code: int) -> bool:
+        """Only the trainer finishes: exit 0 once it trained every step."""
+        return self.role == "trainer" and code == 0
+
+    def restart(self) -> None:
+        # The process was a session leader (start_new_session): whatever it started (a
+        # torchrun agent's ranks) is in its process group and goes with it.
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process = self.launch()
+
+
+@dataclass
+class RedisChild:
+    """The run's redis-server under the supervisor: restarted on the same port and AOF
+    directory, so the services' clients reconnect to it and find their streams."""
+
+    server: RedisServer
+    name: str = "redis"
+
+    def returncode(self) -> int | None:
+        return None if self.server.process is None else self.server.process.poll()
+
+    def done(self, code: int) -> bool:
+        return False
+
+    def restart(self) -> None:
+        self.server.start()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return _tail(self.server.directory / "redis.log", chars)
+
+
+def _tail(path: Path, chars: int) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -79,6 +127,7 @@ class RunResult:
     trainer_summary: dict = field(default_factory=dict)
     seconds: float = 0.0
     store_bytes: int | None = None  # the run's objects once every service has stopped
+    restarts: list[dict] = field(default_factory=list)  # supervisor.Restart, as dicts
 
 
 class EmbeddedRun:
@@ -93,6 +142,7 @@ class EmbeddedRun:
         self.redis: RedisServer | None = None
         self.redis_url = ""
         self.finished = False  # the final checkpoint was evaluated
+        self.supervisor = Supervisor(config.services.restart)
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -141,6 +191,7 @@ class EmbeddedRun:
         # services, this monitor and `ance-train status` (which all read it) can authenticate;
         # the password never goes into a URL or a file.
         self.redis = RedisServer(self.run_dir / "redis", password=redis_password()).start()
+        self.supervisor.add(RedisChild(self.redis))
         self.redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
         self.env["ANCE_REDIS_URL"] = self.redis_url
         (self.run_dir / "endpoints.json").write_text(json.dumps({"redis_url": self.redis_url}))
@@ -189,18 +240,22 @@ class EmbeddedRun:
                extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
         training = self.config.training
-        command = service_command(role, training.processes, training.max_restarts)
-        args = [*command.argv, "serve", role,
-                "--config", str(self.resolved_config), "--instance", name,
-                "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
-        env = {**self.env, **command.env}
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL,
-                                       env={**env, **(extra_env or {})},
-                                       start_new_session=True, preexec_fn=die_with_parent)
-        child = Child(name, role, port, process, log_path)
+
+        def launch() -> subprocess.Popen:
+            # A fresh command each time: a restarted torchrun gets a fresh rendezvous port.
+            command = service_command(role, training.processes, training.max_restarts)
+            args = [*command.argv, "serve", role,
+                    "--config", str(self.resolved_config), "--instance", name,
+                    "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
+            env = {**self.env, **command.env, **(extra_env or {})}
+            with open(log_path, "ab") as log:
+                return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env,
+                                        start_new_session=True, preexec_fn=die_with_parent)
+
+        child = Child(name, role, port, launch(), log_path, launch)
         self.children.append(child)
+        self.supervisor.add(child)
         return child
 
     def start_services(self) -> None:
@@ -218,12 +273,14 @@ class EmbeddedRun:
             self._spawn("inferencer", f"inferencer-{replica}",
                         base + replica if base else free_port())
         self.trainer = self._spawn("trainer", "trainer", ports.trainer_port or free_port())
+        self.supervisor.start()
 
     # -- monitoring -----------------------------------------------------------------------
     def refreshes(self, on_wait: Callable[[], None] | None = None) -> Iterator[dict]:
         """Each refresh's evaluation as it arrives (``step``, ``metrics``, ``timings``,
         ``elapsed_s``), until the final checkpoint is evaluated; raises :class:`RunAborted`
-        if a service dies or ``max_minutes`` passes. ``on_wait`` is called between polls.
+        if a service crashes beyond its restart budget or ``max_minutes`` passes.
+        ``on_wait`` is called between polls.
         The CLI (:meth:`monitor`) and the Python API (:class:`ance_train.api.Run`) both read
         the run through this."""
         assert self.redis is not None
@@ -235,16 +292,21 @@ class EmbeddedRun:
         evaluated: set[int] = set()
         while True:
             self._check_children()
-            for received in bus.read_all(EvalCompleted, after=cursor, block_ms=1000):
+            try:
+                arrived = list(bus.read_all(EvalCompleted, after=cursor, block_ms=1000))
+                if final_step is None:
+                    finished = list(bus.history(RunFinished))
+                    if finished:
+                        final_step = finished[-1].event.step
+            except REDIS_UNAVAILABLE:  # Redis down: the supervisor restarts it
+                arrived = []
+                time.sleep(0.5)
+            for received in arrived:
                 cursor = received.entry_id
                 evaluated.add(received.event.step)
                 yield {"step": received.event.step, "metrics": received.event.metrics,
                        "timings": received.event.timings,
                        "elapsed_s": time.monotonic() - started}
-            if final_step is None:
-                finished = list(bus.history(RunFinished))
-                if finished:
-                    final_step = finished[-1].event.step
             if final_step is not None and final_step in evaluated:
                 self.finished = True
                 return
@@ -275,6 +337,7 @@ class EmbeddedRun:
             progress.update(task, completed=self.config.training.steps, description="done")
         result.seconds = time.monotonic() - started
         result.trainer_summary = self.store.get_json(keys.TRAINER_SUMMARY)
+        result.restarts = self.supervisor.records()
         console.print(table)
         return result
 
@@ -296,23 +359,29 @@ class EmbeddedRun:
                 f"indexer: {reply.progress.phase}")
 
     def _check_children(self) -> None:
-        """Abort if a service died; the trainer alone may exit (with 0) when it finishes."""
-        for child in self.children:
-            code = child.process.poll()
-            if code is None:
-                continue
-            if child.role == "trainer" and code == 0:
-                continue
-            raise RunAborted(f"{child.name} exited with code {code}; last log lines:\n"
-                             f"{child.log_tail()}")
+        """Abort if a service crashed beyond its restart budget (the supervisor restarts the
+        others); the trainer alone may exit (with 0) when it finishes."""
+        try:
+            self.supervisor.check()
+        except CrashLoop as error:
+            raise RunAborted(str(error)) from None
 
     # -- tear-down ------------------------------------------------------------------------
     def stop(self, timeout_s: float = 15.0) -> None:
+        self.supervisor.pause()
+        try:
+            self._stop(timeout_s)
+        finally:  # last: the processes it restarted die with its thread (supervisor.py)
+            self.supervisor.close()
+
+    def _stop(self, timeout_s: float) -> None:
         if self.finished:
             self._let_trainer_exit(timeout_s)
         for child in self.children:
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
+                with suppress(ProcessLookupError, PermissionError):  # a stopped one hears it
+                    os.killpg(child.process.pid, signal.SIGCONT)
         deadline = time.monotonic() + timeout_s
         for child in self.children:
             try:
@@ -327,6 +396,22 @@ class EmbeddedRun:
                 console.print(f"[yellow]warning:[/] final store retention failed: {error}")
             finally:
                 self.redis.stop()
+        self._abort_unfinished_uploads()
+
+    def _abort_unfinished_uploads(self) -> None:
+        """Uploads a killed or cut-off service left open in S3 (found by bench/chaos.py):
+        now that no service runs, none is in flight."""
+        store = getattr(self, "store", None)
+        if store is None:
+            return
+        try:
+            aborted = store.abort_unfinished_uploads()
+        except StorageError as error:  # never masks the run's end
+            console.print(f"[yellow]warning:[/] aborting unfinished uploads failed: {error}")
+            return
+        if aborted:
+            console.print(f"aborted {len(aborted)} unfinished upload(s) that stopped services "
+                          f"left in the store: {', '.join(aborted[:5])}")
 
     def _retain(self) -> None:
         """``store.keep_refreshes`` / ``keep_checkpoints`` once more, now that no service can
@@ -437,7 +522,8 @@ def _metrics_line(entry: dict) -> str:
 def write_summary(run_dir: Path, result: RunResult) -> None:
     (run_dir / "summary.json").write_text(json.dumps({
         "seconds": result.seconds, "evaluations": result.evaluations,
-        "store_bytes": result.store_bytes, "trainer": result.trainer_summary}, indent=2))
+        "store_bytes": result.store_bytes, "restarts": result.restarts,
+        "trainer": result.trainer_summary}, indent=2))
 
 
 def print_summary(result: RunResult, run_dir: Path) -> None:
@@ -453,6 +539,11 @@ def print_summary(result: RunResult, run_dir: Path) -> None:
         for split in last["metrics"]:
             console.print(f"{split} nDCG@10: zero-shot {first['metrics'][split]['ndcg@10']:.4f} "
                           f"→ final {last['metrics'][split]['ndcg@10']:.4f}")
+    if result.restarts:
+        restarted = Counter(r["service"] for r in result.restarts)
+        console.print(f"restarts: {len(result.restarts)} ("
+                      + ", ".join(f"{name} ×{n}" for name, n in sorted(restarted.items()))
+                      + "): summary.json lists each")
     if result.store_bytes is not None:
         console.print(f"store: {result.store_bytes / 2**20:.1f} MiB (store.keep_refreshes, "
                       "store.keep_checkpoints bound it)")

@@ -198,6 +198,13 @@ class ObjectStore(abc.ABC):
         """Total bytes of the objects under ``prefix`` (``""``: the whole run)."""
         return sum(self.sizes(prefix).values())
 
+    def abort_unfinished_uploads(self) -> list[str]:
+        """Abort the run's uploads that were started and never completed (an S3 multipart
+        upload whose writer was killed or cut off: its parts are stored, and billed, but no
+        object shows them); returns their keys. Only when no writer of the run is alive
+        (it would abort an upload in flight). A store without such uploads has none."""
+        return []
+
     # ---- derived operations
 
     def get_file(self, key: str, path: str | os.PathLike[str]) -> str:

@@ -3,6 +3,7 @@ metadata, and retries with exponential backoff on transient failures."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -324,6 +325,34 @@ class S3Store(ObjectStore):
             return self._call(f"list {base!r}", op)
         except ObjectNotFound:
             return {}
+
+    def abort_unfinished_uploads(self) -> list[str]:
+        """Abort the run's unfinished multipart uploads (minio uploads objects above its part
+        size in parts; a writer killed or cut off between the first part and the last leaves
+        the upload open, and ``minio`` cannot abort it then). Uses minio's ListMultipartUploads
+        and AbortMultipartUpload calls, which it does not expose publicly (minio 7.2)."""
+        base = f"{self._run_id}/"
+
+        def op() -> list[tuple[str, str]]:
+            found, key_marker, id_marker = [], None, None
+            while True:
+                page = self._client._list_multipart_uploads(  # private: see above
+                    self._bucket, prefix=base, key_marker=key_marker,
+                    upload_id_marker=id_marker)
+                found += [(u.object_name, u.upload_id) for u in page.uploads
+                          if u.object_name.startswith(base) and u.upload_id]
+                if not page.is_truncated:
+                    return found
+                key_marker, id_marker = page.next_key_marker, page.next_upload_id_marker
+
+        try:
+            uploads = self._call(f"list unfinished uploads {base!r}", op)
+        except ObjectNotFound:
+            return []
+        for name, upload_id in uploads:
+            self._call(f"abort upload of {name!r}", functools.partial(
+                self._client._abort_multipart_upload, self._bucket, name, upload_id))
+        return sorted(name[len(base):] for name, _ in uploads)
 
     def delete(self, key: str) -> None:
         """Delete the object (S3 DELETE is idempotent)."""

@@ -1,10 +1,12 @@
-"""A loopback TCP proxy that a test can cut, to make a real server unreachable for a while.
+"""A loopback TCP proxy that a test or a benchmark can cut or slow down, to make a real server
+unreachable or slow for a while (the fault tests, ``bench/chaos.py``).
 
 Clients connect to ``127.0.0.1:<proxy.port>``; each connection is forwarded to the target by
 two pump threads. :meth:`TcpProxy.cut` resets every open connection (RST, through
 ``SO_LINGER`` 0) and from then on resets every new connection right after accepting it, until
-:meth:`TcpProxy.restore`. The target server itself is never touched, so a server that keeps
-its state in memory (moto) loses nothing.
+:meth:`TcpProxy.restore`. :meth:`TcpProxy.slow` delays every chunk forwarded in either
+direction (on open connections too) until :meth:`TcpProxy.fast`. The target server itself is
+never touched, so a server that keeps its state in memory (moto) loses nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -39,6 +42,7 @@ class TcpProxy:
         self._open: set[socket.socket] = set()
         self._cut = False
         self._closed = False
+        self._delay_s = 0.0
         self.forwarded = 0  # connections forwarded to the target
         self.rejected = 0  # connections reset while cut
         self._thread = threading.Thread(target=self._accept_loop, name="tcp-proxy", daemon=True)
@@ -62,6 +66,13 @@ class TcpProxy:
     def restore(self) -> None:
         with self._lock:
             self._cut = False
+
+    def slow(self, delay_s: float) -> None:
+        """Hold every chunk (up to 64 KiB) ``delay_s`` before forwarding it, until :meth:`fast`."""
+        self._delay_s = delay_s
+
+    def fast(self) -> None:
+        self._delay_s = 0.0
 
     def close(self) -> None:
         self._closed = True
@@ -101,6 +112,8 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
+                if delay_s := self._delay_s:
+                    time.sleep(delay_s)
                 sink.sendall(data)
             sink.shutdown(socket.SHUT_WR)  # pass the half-close on
         except OSError:

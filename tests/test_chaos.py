@@ -1,0 +1,71 @@
+"""bench/chaos.py in short: five seeded faults (one of each kind) on a run of the tiny model
+(one index partition, to stay short: tests/test_restarts.py kills a partition), beside an
+undisturbed run of the same seed; every check of the soak must pass, and a seed always gives
+the same schedule."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+import chaos  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+SEED = 3
+
+
+def test_same_seed_same_schedule_and_every_kind_in_five() -> None:
+    services = chaos.service_names(replicas=2, partitions=2)
+    first = chaos.make_schedule(SEED, 30, services, claim_timeout_s=5)
+    assert first == chaos.make_schedule(SEED, 30, services, claim_timeout_s=5)
+    assert first != chaos.make_schedule(SEED + 1, 30, services, claim_timeout_s=5)
+    assert len(first) > 100 and first[-1].at_s < 30 * 60
+    assert Counter(f.kind for f in first[:5]) == dict.fromkeys(chaos.KINDS, 1)
+    store = sorted((f for f in first if f.kind in ("cut", "slow")), key=lambda f: f.at_s)
+    for a, b in itertools.pairwise(store):
+        assert a.at_s + a.duration_s <= b.at_s, "store faults never overlap"
+    assert {f.target for f in first if f.kind == "kill"} == set(services)
+
+
+def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    command = [sys.executable, str(REPO / "bench" / "chaos.py"), "--minutes", "2",
+               "--faults", "5", "--seed", str(SEED), "--data", "subset", "--steps", "6",
+               "--refresh-every", "3", "--partitions", "1", "--claim-timeout", "3",
+               "--baseline-seeds", "1", "--work", str(tmp_path / "w"),
+               "--out", str(out), "--reliability", ""]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    report = json.loads((out / "chaos.json").read_text())
+    assert report["passed"] and report["lost"] == "nothing"
+    for run in (report["chaos"], *report["baselines"]):
+        assert run["finished"]
+        failed = {name: c for name, c in run["checks"].items() if not c["ok"]}
+        assert not failed, failed
+        assert len(run["checks"]) == 8
+    assert report["quality"]["ok"]
+    # The schedule used is the seed's, and --replay reads it back as it was.
+    services = chaos.service_names(replicas=2, partitions=1)
+    expected = chaos.make_schedule(SEED, 2, services, claim_timeout_s=3.0, max_faults=5)
+    assert report["schedule"] == chaos.schedule_json(SEED, expected)
+    assert chaos.read_schedule(out / "chaos.json") == (SEED, expected)
+    records = report["chaos"]["faults"]
+    assert [r["kind"] for r in records] == [f.kind for f in expected]
+    assert all(r["outcome"] for r in records)
+    restarted = Counter(r["service"] for r in report["chaos"]["restarts"])
+    assert restarted["redis"] == 1  # the launcher restarted the Redis the nemesis killed
+    killed = [r["target"] for r in records if r["kind"] == "kill"
+              and r["outcome"] == "killed"]
+    assert all(restarted[name] >= 1 for name in killed)
+    markdown = (out / "chaos.md").read_text()
+    assert "**Lost: nothing.**" in markdown and "--seed 3" in markdown
