@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -87,13 +88,27 @@ def poll_status_while_running(process, config_path: Path, env: dict, run_dir: Pa
 
 def search_while_running(process, config_path: Path, env: dict, statuses: list[dict]) -> dict:
     """Query the live indexer once it serves an index: CLI by text, gRPC by embedding."""
-    import grpc
 
-    from ance_train.infra.rpc import fetch_status, search
+    from ance_train.infra.rpc import fetch_status
 
     address = next(r["address"] for r in statuses if r["service"].startswith("indexer:"))
     wait_until(lambda: process.poll() is None and fetch_status(address).index_step >= 0, 120,
                "the indexer never served an index while the run was going on")
+    # The tiny run can finish within the seconds these calls take (a CLI process loads the
+    # model): the launcher, frozen meanwhile, cannot stop the indexer under them, and the
+    # services it started run on unaffected.
+    process.send_signal(signal.SIGSTOP)
+    try:
+        return _searches(address, config_path, env)
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+
+def _searches(address: str, config_path: Path, env: dict) -> dict:
+    import grpc
+
+    from ance_train.infra.rpc import search
+
     cli = subprocess.run([sys.executable, "-m", "ance_train.cli", "search", "--config",
                           str(config_path), "--json", "-k", "5", "vitamin D and bone density"],
                          capture_output=True, text=True, env=env)
