@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,10 @@ def test_a_bounded_run_keeps_the_newest_refresh_and_the_best_checkpoint(
                     # The trainer may have finished: its server is gone.
                     with contextlib.suppress(Exception):
                         sizes.append(fetch_status(child.address, timeout_s=2).store_bytes)
+        ended = time.monotonic()
+    # The iteration's end stopped the run; leaving the block must not stop it again (a second
+    # final sweep found Redis stopped and retried it for 80 s before giving up).
+    assert time.monotonic() - ended < 5
     steps = [r.step for r in run.evaluations]
     assert steps[0] == 0 and steps[-1] == STEPS, steps
     assert max(sizes, default=-1) > 0, sizes  # Status carried the run's store size

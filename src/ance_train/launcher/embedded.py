@@ -142,6 +142,7 @@ class EmbeddedRun:
         self.redis: RedisServer | None = None
         self.redis_url = ""
         self.finished = False  # the final checkpoint was evaluated
+        self.stopped = False
         self.supervisor = Supervisor(config.services.restart)
 
     # -- set-up ---------------------------------------------------------------------------
@@ -368,6 +369,12 @@ class EmbeddedRun:
 
     # -- tear-down ------------------------------------------------------------------------
     def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop every service, sweep the store once more and stop Redis; idempotent (``Run``
+        stops when its iteration ends and again when its ``with`` block does: a second final
+        sweep would only find Redis gone and retry it for minutes)."""
+        if self.stopped:
+            return
+        self.stopped = True
         self.supervisor.pause()
         try:
             self._stop(timeout_s)
