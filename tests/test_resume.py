@@ -25,7 +25,7 @@ from ance_train.infra.store import LocalStore, store_from_env
 from ance_train.launcher.embedded import EmbeddedRun, RunAborted
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.protocol import keys
-from ance_train.protocol.events import CheckpointPublished
+from ance_train.protocol.events import CheckpointPublished, RunFinished
 from ance_train.runtime import ServiceOptions, connect_context
 from ance_train.trainer.checkpoints import latest_complete_checkpoint
 from ance_train.trainer.tensor_state import StateFormatError, load_state, save_state
@@ -262,6 +262,15 @@ def test_resumed_trainer_continues_exactly(tmp_path: Path, redis_server, tiny_mo
     summary = interrupted.store.get_json(keys.TRAINER_SUMMARY)
     assert summary["finished"] and summary["steps"] == K + 2
     assert summary["losses"] == resumed.losses and summary["resumed_from"] == [K]
+    # Killed after announcing the end and restarted (by the supervisor, or a Job): the new
+    # trainer resumes on the final checkpoint, trains nothing and announces the end once.
+    assert [e.step for e in bus.history(RunFinished)] == [K + 2]
+    after_end = _trainer(interrupted, "d")
+    assert after_end.resumed_from == K + 2
+    assert after_end.run().losses == resumed.losses
+    assert [e.step for e in bus.history(RunFinished)] == [K + 2], "the end announced twice"
+    assert bus.latest_checkpoint() == K + 2
+    assert [e.step for e in bus.history(CheckpointPublished)] == [0, K, K + 2]
 
 
 def test_launcher_never_resumes_an_earlier_run_left_in_s3(tmp_path: Path, s3_env, tiny_model,

@@ -271,7 +271,10 @@ class Trainer:
             ctx.log.warning("listing the store's size failed: %s", error)
         ctx.store.put_json(keys.TRAINER_SUMMARY, self.summary(finished))
         if finished:
-            ctx.bus.publish(RunFinished(step=self.step))
+            # A trainer killed after announcing the end is restarted on its final checkpoint
+            # (the launcher's supervisor, a Kubernetes Job): it finishes again, silently.
+            if not any(r.event.step == self.step for r in ctx.bus.history(RunFinished)):
+                ctx.bus.publish(RunFinished(step=self.step))
             self.telemetry.finished(self.step)
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
         return self.record
