@@ -18,9 +18,12 @@ schedule drawn from ``--seed`` before the run starts (kinds drawn from a shuffle
 every kind comes once in any five faults in a row):
 
 * ``kill``: SIGKILL of a service's process group (the trainer with all its ranks, an
-  inferencer replica, the indexer or a partition); the launcher restarts it;
+  inferencer replica, the indexer or a partition); the launcher restarts it. With
+  ``--trainer-processes`` > 1 a target may also be one rank (``trainer/rank-R``): only that
+  process dies, and torchrun restarts the group from the last checkpoint (after
+  ``training.max_restarts`` such restarts torchrun exits and the launcher restarts it);
 * ``stop``: SIGSTOP, then SIGCONT 1 s to 2 × ``inference.claim_timeout_s`` later (a frozen
-  replica's item is reclaimed by another);
+  replica's item is reclaimed by another; a frozen rank holds the others in a collective);
 * ``redis``: SIGKILL of redis-server; the launcher restarts it on its port and AOF directory;
 * ``cut``: the store's proxy resets every connection for 2–20 s;
 * ``slow``: the store's proxy holds every chunk 50–500 ms for 5–30 s.
@@ -80,10 +83,33 @@ class Fault:
     delay_s: float | None = None  # slow: per chunk
 
 
-def service_names(replicas: int, partitions: int) -> list[str]:
-    """The embedded launcher's instance names (launcher/embedded.py, start_services)."""
+RANK_TARGET = "trainer/rank-"
+
+
+def service_names(replicas: int, partitions: int, trainer_processes: int = 1) -> list[str]:
+    """The embedded launcher's instance names (launcher/embedded.py, start_services), and each
+    trainer rank (``trainer/rank-R``) when the trainer has several processes."""
     indexers = ["indexer"] if partitions == 1 else [f"indexer-{p}" for p in range(partitions)]
-    return ["trainer", *indexers, *(f"inferencer-{r}" for r in range(replicas))]
+    ranks = ([f"{RANK_TARGET}{r}" for r in range(trainer_processes)]
+             if trainer_processes > 1 else [])
+    return ["trainer", *ranks, *indexers, *(f"inferencer-{r}" for r in range(replicas))]
+
+
+def rank_pid(torchrun_pid: int, rank: int) -> int | None:
+    """The process of trainer rank ``rank`` under torchrun (``RANK`` in its environment)."""
+    import psutil
+
+    try:
+        workers = psutil.Process(torchrun_pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    for worker in workers:
+        try:
+            if worker.environ().get("RANK") == str(rank):
+                return worker.pid
+        except psutil.Error:
+            continue
+    return None
 
 
 def make_schedule(seed: int, minutes: float, services: list[str], claim_timeout_s: float,
@@ -165,7 +191,7 @@ class Nemesis:
 
         self.run, self.proxy, self.faults = run, proxy, faults
         self.records: list[dict] = []
-        self.stopped: set[int] = set()  # process groups frozen now
+        self.stopped: set[tuple[int, bool]] = set()  # (pid, whole group) frozen now
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="nemesis", daemon=True)
@@ -184,8 +210,8 @@ class Nemesis:
         for thread in self._threads:
             thread.join(timeout=60)
         with self._lock:
-            for pgid in self.stopped:
-                _signal_group(pgid, signal.SIGCONT)
+            for pid, group in self.stopped:
+                _signal(pid, group, signal.SIGCONT)
             self.stopped.clear()
         self.proxy.restore()
         self.proxy.fast()
@@ -214,26 +240,37 @@ class Nemesis:
 
     def _inject(self, fault: Fault, record: dict) -> None:
         if fault.kind in ("kill", "stop"):
-            child = self._child(fault.target)
-            pid = child.process.pid
-            if child.process.poll() is not None:
+            rank = (int(fault.target.removeprefix(RANK_TARGET))
+                    if fault.target.startswith(RANK_TARGET) else None)
+            child = self._child("trainer" if rank is not None else fault.target)
+            pid = child.process.pid if rank is None else rank_pid(child.process.pid, rank)
+            if child.process.poll() is not None or pid is None:
                 record["outcome"] = "skipped: the process was down (restarting or finished)"
                 return
             record["pid"] = pid
+            group = rank is None  # a service: its process group; a rank: that process only
+
+            def back() -> bool:
+                if rank is None:
+                    return _answers(child, other_than=pid if fault.kind == "kill" else None)
+                replaced = rank_pid(child.process.pid, rank)
+                return (replaced is not None and (fault.kind == "stop" or replaced != pid)
+                        and _answers(child))
+
             if fault.kind == "kill":
-                _signal_group(pid, signal.SIGKILL)
+                _signal(pid, group, signal.SIGKILL)
                 record["outcome"] = "killed"
-                self._probe(record, time.monotonic(), lambda: _answers(child, other_than=pid))
+                self._probe(record, time.monotonic(), back)
             else:
-                _signal_group(pid, signal.SIGSTOP)
+                _signal(pid, group, signal.SIGSTOP)
                 with self._lock:
-                    self.stopped.add(pid)
+                    self.stopped.add((pid, group))
                 thawed = self._done.wait(fault.duration_s)
                 with self._lock:
-                    self.stopped.discard(pid)
-                _signal_group(pid, signal.SIGCONT)
+                    self.stopped.discard((pid, group))
+                _signal(pid, group, signal.SIGCONT)
                 record["outcome"] = "stopped, continued" + (" (run ended)" if thawed else "")
-                self._probe(record, time.monotonic(), lambda: _answers(child))
+                self._probe(record, time.monotonic(), back)
         elif fault.kind == "redis":
             self.run.redis.process.kill()
             record["outcome"] = "killed"
@@ -292,10 +329,14 @@ def _safe(call):
         return None
 
 
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    """The launcher starts each service in a session of its own: its group is its pid."""
+def _signal(pid: int, group: bool, signum: signal.Signals) -> None:
+    """``pid``'s process group (the launcher starts each service in a session of its own:
+    its group is its pid) or, for one trainer rank, that process alone."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signum)
+        if group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
 
 
 def _status(child):
@@ -736,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     from support.synthetic import make_tiny_bert
 
     date, load_before = utc_now(), os.getloadavg()[0]
-    services = service_names(args.replicas, args.partitions)
+    services = service_names(args.replicas, args.partitions, args.trainer_processes)
     if args.replay:
         seed, faults = read_schedule(args.replay)
     else:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -35,6 +37,26 @@ def test_same_seed_same_schedule_and_every_kind_in_five() -> None:
     for a, b in itertools.pairwise(store):
         assert a.at_s + a.duration_s <= b.at_s, "store faults never overlap"
     assert {f.target for f in first if f.kind == "kill"} == set(services)
+    # A trainer of several processes: each rank is a target of its own besides the group.
+    assert chaos.service_names(replicas=1, partitions=1, trainer_processes=2) == [
+        "trainer", "trainer/rank-0", "trainer/rank-1", "indexer", "inferencer-0"]
+
+
+def test_a_rank_is_found_by_its_environment() -> None:
+    """torchrun's workers carry RANK; rank_pid finds the worker of a rank under its parent."""
+    spawn = ("import os, subprocess, sys, time\n"
+             "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+             " env={**os.environ, 'RANK': str(r)}) for r in (0, 1)]\n"
+             "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
+             "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", spawn], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        kids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert [chaos.rank_pid(parent.pid, r) for r in (0, 1, 2)] == [*kids, None]
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
 
 
 def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
