@@ -15,6 +15,12 @@ from ance_train.launcher import ports
 from helpers import REPO
 from servers import worker_port_range
 
+sys.path.insert(0, str(REPO / "bench"))
+# The analyses run in this process (their CLIs' own main): a subprocess each spent 5-15 s of a
+# loaded CI machine importing scipy and torch again.
+import negative_hardness
+import significance as significance_cli
+
 
 def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny_model) -> None:
     """Three invocations merged by --combine, as the cpu profile is run: a few methods each,
@@ -106,11 +112,9 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
     # Paired significance over test queries, rebuilt from the embeddings the runs kept.
-    significance = [sys.executable, str(REPO / "bench" / "significance.py"), "--data",
-                    str(scifact_subset), "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]
-    result = subprocess.run([*significance, str(out / "quality-cpu.json")],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    significance = ["--data", str(scifact_subset), "--runs-dir", str(tmp_path / "runs"),
+                    "--out", str(out)]
+    assert significance_cli.main([*significance, str(out / "quality-cpu.json")]) == 0
     sig = json.loads((out / "quality-cpu-significance.json").read_text())
     assert sig["seeds"] == {"in-batch": [7, 8], "ance": [7]}
     assert abs(sig["mean_ndcg@10"]["ance"] - report["aggregate"]["ance"]["test"]["ndcg@10"]
@@ -130,9 +134,8 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     # A report whose number the stored embeddings do not reproduce is refused, naming it.
     report["runs"][0]["test"]["ndcg@10"] += 0.01
     (out / "tampered.json").write_text(json.dumps(report))
-    refused = subprocess.run([*significance, str(out / "tampered.json")], capture_output=True,
-                             text=True, timeout=300)
-    assert refused.returncode != 0 and "rebuilt gives test nDCG@10" in refused.stderr
+    with pytest.raises(SystemExit, match="rebuilt gives test nDCG@10"):
+        significance_cli.main([*significance, str(out / "tampered.json")])
 
     # A variant (--set negatives.*) is merged beside its method under its own --label. This
     # one sets ANCE's own top_k again, so it reuses the finished run: the same run, renamed.
@@ -153,9 +156,7 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     assert merged["overrides"] == ["training.learning_rate=3e-5"]
     assert merged["aggregate"]["ance-same-k"] == merged["aggregate"]["ance"]
     assert "Variants: ance-same-k = ance with" in (out / "variants.md").read_text()
-    result = subprocess.run([*significance, str(out / "variants.json")], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert significance_cli.main([*significance, str(out / "variants.json")]) == 0
     rows = {(c["method"], c["versus"]): c for c in json.loads(
         (out / "variants-significance.json").read_text())["comparisons"]}
     assert set(rows) == {(m, v) for m in ("ance", "ance-same-k")
@@ -187,10 +188,7 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     assert (kept / "store" / "ance-s7" / "negatives" / "bm25.npz").is_file()
 
     # How hard the ANCE run's negatives were, under each checkpoint it stored.
-    hardness = subprocess.run([sys.executable, str(REPO / "bench" / "negative_hardness.py"),
-                               str(tmp_path / "runs" / "ance-s7"), "--out", str(out)],
-                              capture_output=True, text=True, timeout=300)
-    assert hardness.returncode == 0, hardness.stdout[-3000:] + hardness.stderr[-3000:]
+    negative_hardness.main([str(tmp_path / "runs" / "ance-s7"), "--out", str(out)])
     analysed = json.loads((out / "negative-hardness.json").read_text())["runs"][0]
     ance_run = next(r for r in report["runs"] if r["method"] == "ance")
     assert analysed["run_id"] == "ance-s7" and analysed["pool"] == "ann"
