@@ -26,6 +26,7 @@ from ance_train.data.dataset import DatasetIndex, load_dataset_index
 from ance_train.data.validation import validate_dataset
 from ance_train.infra import bus
 from ance_train.infra.credentials import RedactingFormatter, cluster_mode, redact_url
+from ance_train.infra.process import exit_after_grace, termination_grace_s
 from ance_train.infra.rpc import GrpcServer, ServiceState
 from ance_train.infra.store import ObjectStore, store_from_env
 from ance_train.observability.kube import RunReporter
@@ -187,8 +188,12 @@ class ServiceContext:
         self.state = ServiceState(self.options.role, self.config.run_id, self.options.instance)
 
     def install_signal_handlers(self) -> None:
+        grace_s = termination_grace_s()
+
         def _stop(signum: int, _frame: object) -> None:
             self.log.info("received %s, stopping", signal.Signals(signum).name)
+            if not self.stop.is_set():
+                exit_after_grace(self.log, grace_s, 128 + signum)
             self.stop.set()
 
         signal.signal(signal.SIGTERM, _stop)
