@@ -639,9 +639,20 @@ def launch_workers(args: argparse.Namespace, work: Path, s3_env: dict, data: Pat
             [sys.executable, __file__, "--worker", str(spec_path)], stdout=log,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
     results = []
-    for spec_path, log, process in processes:
-        code = process.wait()
-        log.close()
+    try:
+        codes = [process.wait() for _, _, process in processes]
+    finally:  # stopped (SIGTERM, Ctrl-C) or failed: each worker stops its run (its finally)
+        for _, _, process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for _, log, process in processes:
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.close()
+    for (spec_path, _, _), code in zip(processes, codes, strict=True):
         out = spec_path.with_suffix(".result.json")
         if code != 0 or not out.exists():
             tail = spec_path.with_suffix(".log").read_text(errors="replace")[-4000:]
@@ -767,6 +778,8 @@ def _num(value: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the parent stops its workers, each worker its run.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     if args.worker is not None:
         return run_worker(args.worker)
     if args.render is not None:
