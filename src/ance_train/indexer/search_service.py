@@ -41,7 +41,6 @@ from ance_train.infra import bus as bus_module
 from ance_train.infra.proto import ance_pb2, ance_pb2_grpc
 from ance_train.infra.rpc import channel
 from ance_train.modeling.checkpoint_cache import ModelCache
-from ance_train.modeling.encoding import encode_texts
 from ance_train.protocol import keys
 
 if TYPE_CHECKING:
@@ -150,6 +149,8 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
         else:
             self._stop_if_gone(context)
             model, tokenizer = self.models.get(served.step)
+            from ance_train.modeling.encoding import encode_texts  # transformers: on use
+
             vectors = encode_texts(model, tokenizer, list(request.queries),
                                    max_length=self.max_query_length, device=self.models.device)
         local = PARTITION_LOCAL in tuple(context.invocation_metadata() or ())

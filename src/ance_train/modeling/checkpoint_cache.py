@@ -6,14 +6,19 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from ance_train.config import ModelConfig
 from ance_train.infra.store import ObjectStore
-from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.protocol import keys
+
+if TYPE_CHECKING:  # transformers is imported on the first load: an indexer that serves no
+    # text query never needs it, and every process start of it pays about a second less
+    from transformers import PreTrainedTokenizerBase
+
+    from ance_train.modeling.model import BiEncoder
 
 # The trainer's resume state (optimizer moments: about twice the weights' size) is written
 # into every checkpoint as ``training_state.*``; a model used for encoding never needs it.
@@ -37,6 +42,8 @@ class ModelCache:
         self.lock = threading.Lock()
 
     def get(self, step: int) -> tuple[BiEncoder, PreTrainedTokenizerBase]:
+        from ance_train.modeling.model import BiEncoder, load_tokenizer
+
         with self.lock:
             if self.step != step:
                 local = self.directory / str(step)
