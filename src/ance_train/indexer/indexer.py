@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
 from ance_train.evaluation import evaluate
 from ance_train.index.ann import AnnIndex, use_gpu
@@ -118,8 +117,8 @@ class Indexer:
                                        cfg.training.seed)
         self.previous: NegativesTable | None = None
         use_gpu(cfg.index.device)  # index.device gpu without a FAISS GPU fails at start
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints", device)
+        # The encoder (and torch) is loaded on the first text query only (ModelCache).
+        self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints", None)
         directory = (None if self.partitions == 1 else
                      PartitionDirectory(ctx.bus, self.partition, self.partitions))
         self.search = SearchService(ctx.corpus, self.models, ctx.config.model.max_query_length,

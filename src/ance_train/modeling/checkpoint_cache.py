@@ -8,14 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from ance_train.config import ModelConfig
 from ance_train.infra.store import ObjectStore
 from ance_train.protocol import keys
 
-if TYPE_CHECKING:  # transformers is imported on the first load: an indexer that serves no
-    # text query never needs it, and every process start of it pays about a second less
+if TYPE_CHECKING:  # torch and transformers are imported on the first load: an indexer that
+    # serves no text query never needs them, and each of its process starts takes ~2 s less
+    import torch
     from transformers import PreTrainedTokenizerBase
 
     from ance_train.modeling.model import BiEncoder
@@ -26,10 +25,11 @@ TRAINING_STATE_PREFIX = "training_state."
 
 
 class ModelCache:
-    """``prepare`` (e.g. a precision conversion) is applied once to each loaded model."""
+    """``prepare`` (e.g. a precision conversion) is applied once to each loaded model.
+    ``device`` None: CUDA if torch sees a GPU, else the CPU, decided on the first load."""
 
     def __init__(self, store: ObjectStore, config: ModelConfig, directory: Path,
-                 device: torch.device,
+                 device: torch.device | None,
                  prepare: Callable[[BiEncoder], BiEncoder] | None = None) -> None:
         self.store = store
         self.prepare = prepare
@@ -42,9 +42,13 @@ class ModelCache:
         self.lock = threading.Lock()
 
     def get(self, step: int) -> tuple[BiEncoder, PreTrainedTokenizerBase]:
+        import torch
+
         from ance_train.modeling.model import BiEncoder, load_tokenizer
 
         with self.lock:
+            if self.device is None:
+                self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             if self.step != step:
                 local = self.directory / str(step)
                 self.store.get_dir(keys.checkpoint(step), local,
