@@ -96,20 +96,11 @@ def service_names(replicas: int, partitions: int, trainer_processes: int = 1) ->
 
 
 def rank_pid(torchrun_pid: int, rank: int) -> int | None:
-    """The process of trainer rank ``rank`` under torchrun (``RANK`` in its environment)."""
-    import psutil
+    """The process id of trainer rank ``rank`` under torchrun (None while there is none)."""
+    from support.ranks import rank_process
 
-    try:
-        workers = psutil.Process(torchrun_pid).children(recursive=True)
-    except psutil.Error:
-        return None
-    for worker in workers:
-        try:
-            if worker.environ().get("RANK") == str(rank):
-                return worker.pid
-        except psutil.Error:
-            continue
-    return None
+    process = rank_process(torchrun_pid, rank)
+    return None if process is None else process.pid
 
 
 def make_schedule(seed: int, minutes: float, services: list[str], claim_timeout_s: float,

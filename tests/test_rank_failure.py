@@ -30,6 +30,7 @@ from ance_train.protocol.events import CheckpointPublished, EvalCompleted, Negat
 
 from fault_report import record_fault
 from service_harness import Harness, checkpoint_steps, stop, wait_until
+from support.ranks import rank_process
 
 pytestmark = pytest.mark.fault
 
@@ -39,15 +40,7 @@ CHECKPOINTS = [0, 10, 20, 30]
 
 def _rank_process(torchrun: subprocess.Popen, rank: int) -> psutil.Process:
     """The worker torchrun started as ``rank`` (its ``RANK`` variable)."""
-    def find() -> psutil.Process | None:
-        for child in psutil.Process(torchrun.pid).children(recursive=True):
-            try:
-                if child.environ().get("RANK") == str(rank):
-                    return child
-            except psutil.Error:  # exited meanwhile
-                continue
-        return None
-    return wait_until(find, 60, f"torchrun's rank {rank}")
+    return wait_until(lambda: rank_process(torchrun.pid, rank), 60, f"torchrun's rank {rank}")
 
 
 def _after(text: str, marker: str) -> str:
