@@ -17,7 +17,7 @@ from ance_train.data.dataset import DatasetIndex
 from ance_train.data.formats import DatasetFiles
 from ance_train.data.validation import validate_dataset
 from ance_train.negatives.strategies.ance import ance_negatives
-from ance_train.negatives.strategies.bm25 import bm25_negatives
+from ance_train.negatives.strategies.bm25 import bm25_negatives, bm25_rank
 from ance_train.negatives.table import (
     PAD,
     SOURCE_CODE,
@@ -302,3 +302,23 @@ def test_bm25_negatives_match_bm25s_ranking(scifact_subset: Path, tmp_path: Path
         matched_exactly += got == expected
     assert matched_exactly >= len(query_ids) // 2
     corpus.close()
+
+
+def test_bm25_top_k_never_selects_jax(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bm25s's ``backend_selection="auto"`` uses JAX whenever it is installed, and JAX then
+    takes 75 % of a GPU's memory (seen starving the trainer on an H200). JAX is not installed
+    here, so this unit test watches the argument the real ``retrieve`` receives instead."""
+    seen: list[str] = []
+    retrieve = bm25s.BM25.retrieve
+
+    def watched(self, *args, **kwargs):
+        seen.append(kwargs.get("backend_selection", "auto"))
+        return retrieve(self, *args, **kwargs)
+
+    monkeypatch.setattr(bm25s.BM25, "retrieve", watched)
+    texts = ["aspirin lowers fever", "insulin regulates glucose", "fever in children"]
+    ranked, scores = bm25_rank(texts, ["fever", "glucose insulin"], depth=2)
+    assert seen == ["numpy"]
+    assert ranked.shape == scores.shape == (2, 2)
+    assert ranked[1, 0] == 1 and set(ranked[0].tolist()) == {0, 2}
+    assert np.all(np.diff(scores, axis=1) <= 0)  # best first

@@ -51,21 +51,36 @@ class Bm25Settings(StrategySettings):
     top_k: int = Field(100, ge=1, description="ANCE Table 1 BM25 negatives: top 100.")
 
 
+# bm25s's top-k selection, pinned: its default ("auto") picks JAX whenever JAX is installed,
+# and JAX's first operation on a machine with a GPU preallocates 75 % of the GPU's memory
+# (XLA_PYTHON_CLIENT_PREALLOCATE). On the H200 machine (2026-11-26) that starved the trainer
+# sharing the GPU (CUDA out of memory at start-up). NumPy is what every CPU run used anyway.
+BM25_TOP_K_BACKEND = "numpy"
+
+
+def bm25_rank(texts: list[str], queries: list[str], depth: int, *, k1: float = 1.5,
+              b: float = 0.75) -> tuple[np.ndarray, np.ndarray]:
+    """bm25s (English stop words) over ``texts``: each query's top ``depth`` document indices
+    and scores, best first. k1/b default to bm25s's (the indexer's table); the quality
+    benchmark's reference uses BEIR's k1=0.9, b=0.4."""
+    retriever = bm25s.BM25(k1=k1, b=b)
+    retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
+                    show_progress=False)
+    query_tokens = bm25s.tokenize(queries, stopwords="en", show_progress=False)
+    return retriever.retrieve(query_tokens, k=depth, show_progress=False, n_threads=1,
+                              backend_selection=BM25_TOP_K_BACKEND)
+
+
 def bm25_negatives(corpus: Corpus, dataset: DatasetIndex, query_ids: list[str],
                    top_k: int, chunk: int = 10000) -> NegativesTable:
     """BM25 (bm25s) top-``top_k`` minus the positives (ANCE Table 1 "BM25 Neg": top 100)."""
     texts: list[str] = []
     for start in range(0, len(corpus), chunk):
         texts.extend(text for _, text in corpus.iter_range(start, min(start + chunk, len(corpus))))
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
-                    show_progress=False)
-    del texts
     positives = positives_of(dataset, query_ids)
     depth = min(len(corpus), top_k + max(len(p) for p in positives))
-    query_tokens = bm25s.tokenize([dataset.queries[q] for q in query_ids], stopwords="en",
-                                  show_progress=False)
-    ranked, scores = retriever.retrieve(query_tokens, k=depth, show_progress=False, n_threads=1)
+    ranked, scores = bm25_rank(texts, [dataset.queries[q] for q in query_ids], depth)
+    del texts
     table = ance_negatives(-1, query_ids, ranked.astype(np.int64), scores.astype(np.float32),
                            positives, np.zeros(len(query_ids), np.float32), top_k)
     table.sources[table.candidates != PAD] = SOURCE_CODE["bm25"]
