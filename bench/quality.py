@@ -95,10 +95,16 @@ PROFILES: dict[str, dict] = {
                  "inference": {"replicas": 2, "shard_size": 500, "batch_size": 32,
                                "torch_threads": 1},
                  "seeds": [13, 42, 77]},
-    "gpu": {"training": {"steps": 2000, "batch_size": 64, "learning_rate": 2e-5,
-                         "warmup_steps": 100, "refresh_every": 250},
+    # One GPU: 64 queries a step and 256 document tokens, 400 steps (25,600 queries, about 35
+    # epochs of SciFact's 728, 10 of NFCorpus's 2,590), a refresh every 50 steps (eight after
+    # zero-shot). The first draft's 2,000 steps with a refresh every 250 were 176 SciFact
+    # epochs with the first ANN negatives after 22 of them. Two CPU threads per process: the
+    # benchmark runs several methods at once on one GPU machine (docs/benchmarks/quality-gpu.md).
+    "gpu": {"training": {"steps": 400, "batch_size": 64, "learning_rate": 2e-5,
+                         "warmup_steps": 40, "refresh_every": 50, "torch_threads": 2},
             "model": {"max_query_length": 64, "max_doc_length": 256},
-            "inference": {"replicas": 1, "shard_size": 1000, "batch_size": 256},
+            "inference": {"replicas": 1, "shard_size": 1000, "batch_size": 256,
+                          "torch_threads": 2},
             "seeds": [13, 42, 77]},
 }
 
@@ -290,11 +296,10 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
 
 def bm25_runs(data: Path) -> tuple[dict, dict]:
     """bm25s with BEIR's k1=0.9, b=0.4: the top-1000 run and the qrels of dev and test."""
-    import bm25s
-
     from ance_train.config import DataConfig
     from ance_train.data.corpus import open_corpus
     from ance_train.data.validation import validate_dataset
+    from ance_train.negatives.strategies.bm25 import bm25_rank
 
     method_data = yaml.safe_load((METHODS_DIR / "ance.yaml").read_text())["data"]
     cfg = DataConfig(**{**method_data, "path": str(data.resolve())})
@@ -302,20 +307,18 @@ def bm25_runs(data: Path) -> tuple[dict, dict]:
         dataset = validate_dataset(cfg, Path(cache), seed=cfg.split_seed)
         corpus = open_corpus(cfg, cache)
         texts = [text for _, text in corpus.iter_range(0, len(corpus))]
-    retriever = bm25s.BM25(k1=0.9, b=0.4)
-    retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
-                    show_progress=False)
-    runs, qrels = {}, {}
-    for split in ("dev", "test"):
-        split_qrels = getattr(dataset, split)
-        qids = sorted(split_qrels)
-        tokens = bm25s.tokenize([dataset.queries[q] for q in qids], stopwords="en",
-                                show_progress=False)
-        ranked, scores = retriever.retrieve(tokens, k=min(1000, len(texts)), show_progress=False)
+    split_qids = {split: sorted(getattr(dataset, split)) for split in ("dev", "test")}
+    qids = split_qids["dev"] + split_qids["test"]
+    ranked, scores = bm25_rank(texts, [dataset.queries[q] for q in qids],
+                               min(1000, len(texts)), k1=0.9, b=0.4)
+    runs, qrels, first = {}, {}, 0
+    for split, ids in split_qids.items():
+        rows = slice(first, first + len(ids))
+        first += len(ids)
         runs[split] = {q: {str(int(d)): float(s) for d, s in zip(r, sc, strict=True)}
-                       for q, r, sc in zip(qids, ranked, scores, strict=True)}
+                       for q, r, sc in zip(ids, ranked[rows], scores[rows], strict=True)}
         qrels[split] = {q: {str(d): rel for d, rel in rels.items()}
-                        for q, rels in split_qrels.items()}
+                        for q, rels in getattr(dataset, split).items()}
     return runs, qrels
 
 
