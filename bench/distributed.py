@@ -44,21 +44,21 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ance_train.config import ModelConfig, default_model_path
+from ance_train.config import ModelConfig
 from ance_train.modeling.model import BiEncoder
 from ance_train.modeling.precision import autocast_context
 from ance_train.trainer.batches import TrainingBatch
 from ance_train.trainer.distributed import DistributedContext, init_from_env, shard_batch
 from ance_train.trainer.step import PairEncoder, backward_step, data_parallel
 
-from report import command_line, machine, utc_now, write_report
+from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=default_model_path())
+    parser.add_argument("--model", default=DEFAULT_MODEL, type=model_directory)
     parser.add_argument("--tiny", action="store_true", help="a tiny random BERT instead")
     parser.add_argument("--batch-size", type=int, default=16, help="global batch (queries)")
     parser.add_argument("--query-length", type=int, default=16)

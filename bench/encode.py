@@ -44,11 +44,11 @@ import numpy as np
 import torch
 from transformers import AutoModel, BertConfig, BertModel
 
-from ance_train.config import ModelConfig, default_model_path
+from ance_train.config import ModelConfig
 from ance_train.modeling.encoding import encode_texts, plan_batches, prepare_model
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 
-from report import command_line, machine, utc_now, write_report
+from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 MIN_COSINE = 0.999
@@ -65,7 +65,8 @@ ARCHS = {"bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=default_model_path(), help="HF model directory")
+    parser.add_argument("--model", default=DEFAULT_MODEL, type=model_directory,
+                        help="HF model directory (default: the MiniLM package)")
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared/data/scifact",
                         help="BEIR dataset directory holding corpus.jsonl")
     parser.add_argument("--docs", type=int, default=None,

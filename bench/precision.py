@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ance_train.config import DataConfig, ModelConfig, default_model_path
+from ance_train.config import DataConfig, ModelConfig
 from ance_train.data.corpus import open_corpus
 from ance_train.data.validation import validate_dataset
 from ance_train.evaluation import evaluate
 from ance_train.modeling.encoding import encode_texts, prepare_model
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 
-from report import command_line, machine, utc_now, write_report
+from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ["fp32", "bf16", "int8"]
@@ -42,7 +42,7 @@ DEPTH = 100
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=default_model_path())
+    parser.add_argument("--model", default=DEFAULT_MODEL, type=model_directory)
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared/data/scifact")
     parser.add_argument("--docs", type=int, default=800, help="size of the sub-corpus")
     parser.add_argument("--max-length", type=int, default=256)

@@ -35,14 +35,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ance_train.config import default_model_path, load_config
+from ance_train.config import load_config
 from ance_train.infra import bus as events
 from ance_train.launcher.embedded import EmbeddedRun
 from ance_train.modeling.model import load_tokenizer
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished, NegativesReady, ShardEncoded
 
-from report import command_line, machine, utc_now, write_report
+from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -53,7 +53,7 @@ PARTS = ("load", "encode", "upload", "idle", "index", "mine", "eval", "other")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=default_model_path())
+    parser.add_argument("--model", default=DEFAULT_MODEL, type=model_directory)
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared/data/scifact")
     parser.add_argument("--docs", type=int, default=320, help="first N SciFact documents")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4])

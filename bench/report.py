@@ -10,6 +10,19 @@ import shlex
 import sys
 from pathlib import Path
 
+DEFAULT_MODEL = "minilm"
+
+
+def model_directory(value: str) -> str:
+    """``--model``'s type: a model directory, or ``minilm`` (the default) for the
+    all-MiniLM-L6-v2 package. The package is imported only when it is meant, so a machine
+    without it (the GPU machine of 2026-11-26) can name a model of its own."""
+    if value != DEFAULT_MODEL:
+        return value
+    from ance_train.config import default_model_path
+
+    return default_model_path()
+
 
 def cpu_model() -> str:
     try:

@@ -63,14 +63,14 @@ from ance_train.trainer.loss import contrastive_nll
 from ance_train.trainer.prefetch import BatchPreparer
 from ance_train.trainer.trainer import Trainer
 
-from report import command_line, machine, utc_now, write_report
+from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=default_model_path())
+    parser.add_argument("--model", default=DEFAULT_MODEL, type=model_directory)
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared/data/scifact")
     parser.add_argument("--steps", type=int, default=12, help="steps per trainer run")
     parser.add_argument("--refresh-every", type=int, default=6)
