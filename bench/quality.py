@@ -299,26 +299,25 @@ def bm25_runs(data: Path) -> tuple[dict, dict]:
     from ance_train.config import DataConfig
     from ance_train.data.corpus import open_corpus
     from ance_train.data.validation import validate_dataset
-    from ance_train.negatives.strategies.bm25 import bm25_rank
+    from ance_train.negatives.strategies.bm25 import bm25_index, bm25_rank
 
     method_data = yaml.safe_load((METHODS_DIR / "ance.yaml").read_text())["data"]
     cfg = DataConfig(**{**method_data, "path": str(data.resolve())})
     with tempfile.TemporaryDirectory() as cache:
         dataset = validate_dataset(cfg, Path(cache), seed=cfg.split_seed)
         corpus = open_corpus(cfg, cache)
-        texts = [text for _, text in corpus.iter_range(0, len(corpus))]
-    split_qids = {split: sorted(getattr(dataset, split)) for split in ("dev", "test")}
-    qids = split_qids["dev"] + split_qids["test"]
-    ranked, scores = bm25_rank(texts, [dataset.queries[q] for q in qids],
-                               min(1000, len(texts)), k1=0.9, b=0.4)
-    runs, qrels, first = {}, {}, 0
-    for split, ids in split_qids.items():
-        rows = slice(first, first + len(ids))
-        first += len(ids)
+        retriever = bm25_index([text for _, text in corpus.iter_range(0, len(corpus))],
+                               k1=0.9, b=0.4)
+        depth = min(1000, len(corpus))
+    runs, qrels = {}, {}
+    for split in ("dev", "test"):
+        split_qrels = getattr(dataset, split)
+        qids = sorted(split_qrels)
+        ranked, scores = bm25_rank(retriever, [dataset.queries[q] for q in qids], depth)
         runs[split] = {q: {str(int(d)): float(s) for d, s in zip(r, sc, strict=True)}
-                       for q, r, sc in zip(ids, ranked[rows], scores[rows], strict=True)}
+                       for q, r, sc in zip(qids, ranked, scores, strict=True)}
         qrels[split] = {q: {str(d): rel for d, rel in rels.items()}
-                        for q, rels in getattr(dataset, split).items()}
+                        for q, rels in split_qrels.items()}
     return runs, qrels
 
 

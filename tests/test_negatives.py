@@ -17,7 +17,7 @@ from ance_train.data.dataset import DatasetIndex
 from ance_train.data.formats import DatasetFiles
 from ance_train.data.validation import validate_dataset
 from ance_train.negatives.strategies.ance import ance_negatives
-from ance_train.negatives.strategies.bm25 import bm25_negatives, bm25_rank
+from ance_train.negatives.strategies.bm25 import bm25_index, bm25_negatives, bm25_rank
 from ance_train.negatives.table import (
     PAD,
     SOURCE_CODE,
@@ -317,7 +317,7 @@ def test_bm25_top_k_never_selects_jax(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(bm25s.BM25, "retrieve", watched)
     texts = ["aspirin lowers fever", "insulin regulates glucose", "fever in children"]
-    ranked, scores = bm25_rank(texts, ["fever", "glucose insulin"], depth=2)
+    ranked, scores = bm25_rank(bm25_index(texts), ["fever", "glucose insulin"], depth=2)
     assert seen == ["numpy"]
     assert ranked.shape == scores.shape == (2, 2)
     assert ranked[1, 0] == 1 and set(ranked[0].tolist()) == {0, 2}

@@ -58,14 +58,19 @@ class Bm25Settings(StrategySettings):
 BM25_TOP_K_BACKEND = "numpy"
 
 
-def bm25_rank(texts: list[str], queries: list[str], depth: int, *, k1: float = 1.5,
-              b: float = 0.75) -> tuple[np.ndarray, np.ndarray]:
-    """bm25s (English stop words) over ``texts``: each query's top ``depth`` document indices
-    and scores, best first. k1/b default to bm25s's (the indexer's table); the quality
-    benchmark's reference uses BEIR's k1=0.9, b=0.4."""
+def bm25_index(texts: list[str], *, k1: float = 1.5, b: float = 0.75) -> bm25s.BM25:
+    """bm25s over ``texts`` (English stop words). k1/b default to bm25s's (the indexer's
+    table); the quality benchmark's reference uses BEIR's k1=0.9, b=0.4. The index keeps no
+    reference to ``texts``: callers drop them before ranking (a whole corpus of strings)."""
     retriever = bm25s.BM25(k1=k1, b=b)
     retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False),
                     show_progress=False)
+    return retriever
+
+
+def bm25_rank(retriever: bm25s.BM25, queries: list[str],
+              depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's top ``depth`` document indices and scores, best first."""
     query_tokens = bm25s.tokenize(queries, stopwords="en", show_progress=False)
     return retriever.retrieve(query_tokens, k=depth, show_progress=False, n_threads=1,
                               backend_selection=BM25_TOP_K_BACKEND)
@@ -77,10 +82,11 @@ def bm25_negatives(corpus: Corpus, dataset: DatasetIndex, query_ids: list[str],
     texts: list[str] = []
     for start in range(0, len(corpus), chunk):
         texts.extend(text for _, text in corpus.iter_range(start, min(start + chunk, len(corpus))))
+    retriever = bm25_index(texts)
+    del texts
     positives = positives_of(dataset, query_ids)
     depth = min(len(corpus), top_k + max(len(p) for p in positives))
-    ranked, scores = bm25_rank(texts, [dataset.queries[q] for q in query_ids], depth)
-    del texts
+    ranked, scores = bm25_rank(retriever, [dataset.queries[q] for q in query_ids], depth)
     table = ance_negatives(-1, query_ids, ranked.astype(np.int64), scores.astype(np.float32),
                            positives, np.zeros(len(query_ids), np.float32), top_k)
     table.sources[table.candidates != PAD] = SOURCE_CODE["bm25"]
