@@ -80,6 +80,22 @@ def test_tensorboard_reads_the_uploaded_files_from_s3(tmp_path, s3_env, monkeypa
     assert done.stdout.strip() == "[(15, 0.25)]"
 
 
+def test_tensorboard_tracker_does_not_import_torch(tmp_path) -> None:
+    """The indexer writes its scalars with no torch (it needs none unless it serves a text
+    query): importing torch would add ~2 s to each of its starts. A fresh interpreter, since
+    this one has torch already."""
+    script = ("import sys; from pathlib import Path; "
+              "from ance_train.observability.tracking import TensorBoardTracker; "
+              "t = TensorBoardTracker(Path(sys.argv[1]), 'indexer'); "
+              "t.scalars(7, {'dev/ndcg@10': 0.5}); t.close(); "
+              "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "indexer")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert scalars_in(tmp_path / "indexer") == {"dev/ndcg@10": [(7, pytest.approx(0.5))]}
+
+
 def test_where_event_files_go(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv(TENSORBOARD_DIR_VAR, raising=False)
     assert tensorboard_dir(config(), tmp_path) == (tmp_path / "tensorboard", True)

@@ -658,8 +658,8 @@ TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
 class TrackingConfig(_Strict):
     """Run tracking, like the Hugging Face Trainer's ``report_to``.
 
-    ``tensorboard`` writes event files (``torch.utils.tensorboard``): the embedded mode under
-    the run directory (``runs/<run_id>/tensorboard/<role>``), a cluster run into the object
+    ``tensorboard`` writes event files (TensorBoard's ``EventFileWriter``): the embedded mode
+    under the run directory (``runs/<run_id>/tensorboard/<role>``), a cluster run into the object
     store under the run (``tensorboard/<role>/``, uploaded every ``upload_every_s`` and at
     the end), or directly under ``logdir`` when given (a mounted volume). ``wandb`` and
     ``mlflow`` log the same scalars when their package is installed; they read their settings

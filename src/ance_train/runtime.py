@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from ance_train.observability.metrics import metrics_port, start_metrics_server
 from ance_train.protocol import keys
 
 DATASET_TIMEOUT_VAR = "ANCE_DATASET_TIMEOUT_S"
+HF_PROGRESS_BARS_OFF = "HF_HUB_DISABLE_PROGRESS_BARS"  # huggingface_hub's, read by transformers
 DEFAULT_DATASET_TIMEOUT_S = 3600.0
 
 
@@ -66,9 +68,18 @@ def setup_logging(role: str, instance: str) -> None:
     logging.basicConfig(level=level, handlers=[handler], force=True)
     for noisy in ("urllib3", "filelock", "httpx", "transformers", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from transformers.utils import logging as hf_logging
+    # No progress bars in service logs. transformers reads this variable when it is first
+    # imported; setting it instead of importing transformers here keeps the indexer, which
+    # needs no model unless it serves a text query, from paying ~1 s per start for it.
+    os.environ[HF_PROGRESS_BARS_OFF] = "1"
+    if "huggingface_hub" in sys.modules:  # imported already: the variable was read
+        from huggingface_hub.utils import disable_progress_bars
 
-    hf_logging.disable_progress_bar()
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def publish_dataset(store: ObjectStore, cache_dir: Path) -> None:
