@@ -9,7 +9,8 @@
 # Jobs file: one run a line, `DATASET METHOD SEED LABEL [quality.py options...]`, DATASET a
 # name of `bench/quality.py --data` (scifact, nfcorpus) or a folder under DATA_ROOT.
 # Environment: PROFILE (gpu), LANES (4), BUDGET_S (3600: no job starts with under 60 s left,
-# and a job still running at the end is stopped), MODEL (an encoder folder; default the
+# and a job still running at the end is stopped), MAX_MINUTES (30: one run's limit; cpu-long
+# runs take up to 35 min on 2 cores), MODEL (an encoder folder; default the
 # MiniLM package), DATA_ROOT (folder of the datasets; default ../shared/data), WORK
 # (/tmp/quality-lanes: runs/, parts/<dataset>/, logs/, reports/), STEPS (override, for a
 # dry run). Reports land in $WORK/reports as quality-<profile>[-<dataset>] (SciFact unsuffixed).
@@ -27,8 +28,9 @@ t0=$(date +%s)
 DEADLINE=$(( t0 + ${BUDGET_S:-3600} ))
 MODEL_ARG=${MODEL:+--model $MODEL}
 STEPS_ARG=${STEPS:+--steps $STEPS}
+MAX_MINUTES=${MAX_MINUTES:-30}
 mkdir -p "$WORK/runs" "$WORK/parts" "$WORK/logs" "$WORK/reports"
-export PY REPO PROFILE DATA_ROOT WORK DEADLINE MODEL_ARG STEPS_ARG
+export PY REPO PROFILE DATA_ROOT WORK DEADLINE MODEL_ARG STEPS_ARG MAX_MINUTES
 
 run_job() {
   read -r dataset method seed label options <<< "$1"
@@ -38,7 +40,7 @@ run_job() {
   timeout "$left" "$PY" "$REPO/bench/quality.py" --profile "$PROFILE" \
     --data "$DATA_ROOT/$dataset" --methods "$method" --seeds "$seed" \
     --runs-dir "$WORK/runs/$dataset-$label" --out "$WORK/parts/$dataset" \
-    --name "$PROFILE-$dataset-$label-s$seed" --max-minutes-per-run 30 \
+    --name "$PROFILE-$dataset-$label-s$seed" --max-minutes-per-run "$MAX_MINUTES" \
     $MODEL_ARG $STEPS_ARG $options > "$WORK/logs/$dataset-$label-s$seed.log" 2>&1
   echo "$dataset $label seed $seed: exit $? after $(( $(date +%s) - started )) s"
 }
@@ -48,6 +50,7 @@ echo "$(grep -vc '^\s*\(#\|$\)' "$JOBS") jobs, $LANES at a time, $(( DEADLINE - 
 grep -v '^\s*\(#\|$\)' "$JOBS" | tr '\n' '\0' | xargs -0 -P "$LANES" -I{} bash -c 'run_job "$1"' _ {}
 
 for parts in "$WORK"/parts/*/; do
+  [ -d "$parts" ] || continue  # no job finished: nothing to merge
   dataset=$(basename "$parts")
   name=quality-$PROFILE; [ "$dataset" = scifact ] || name=$name-$dataset
   (cd "$parts" && "$PY" "$REPO/bench/quality.py" --combine $(ls "$PROFILE"-*.json) \
