@@ -80,8 +80,11 @@ class TensorBoardTracker(Tracker):
 
     def __init__(self, directory: Path, role: str, store: ObjectStore | None = None,
                  upload_every_s: float = 60.0) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+        self._event, self._summary = Event, Summary  # imported once, not on every step
         self.directory = directory
         self.role = role
         self.store = store
@@ -98,14 +101,11 @@ class TensorBoardTracker(Tracker):
             self._thread.start()
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        kept = [Summary.Value(tag=tag, simple_value=float(value))
+        kept = [self._summary.Value(tag=tag, simple_value=float(value))
                 for tag, value in values.items() if value is not None and math.isfinite(value)]
         if kept:
-            self.writer.add_event(Event(wall_time=time.time(), step=int(step),
-                                        summary=Summary(value=kept)))
+            self.writer.add_event(self._event(wall_time=time.time(), step=int(step),
+                                              summary=self._summary(value=kept)))
 
     def flush(self) -> None:
         """Write the queued events to the files; a store-backed tracker also uploads them
