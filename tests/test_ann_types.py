@@ -186,3 +186,47 @@ def test_device_gpu_needs_a_faiss_gpu() -> None:
         assert AnnIndex(DIM, IndexConfig(device="auto")).gpu is False
     else:
         assert AnnIndex(DIM, config).gpu is True
+
+
+@pytest.fixture
+def one_gpu_seen(monkeypatch: pytest.MonkeyPatch):
+    """FAISS reporting one GPU. A stand-in: this machine has none, and what is tested is how
+    ``use_gpu`` reads the probe; the probe itself runs as a real child process."""
+    monkeypatch.setattr(ann, "faiss_gpus", lambda: 1)
+    ann.gpu_probe_error.cache_clear()
+    ann._warn_auto_stays_on_cpu.cache_clear()
+    yield
+    ann.gpu_probe_error.cache_clear()
+    ann._warn_auto_stays_on_cpu.cache_clear()
+
+
+ABORTING_PROBE = """
+import os, sys
+sys.stderr.write("Faiss assertion 'err__ == cudaSuccess' failed; details: CUDA error 209 "
+                 "no kernel image is available for execution on the device\\n")
+sys.stderr.flush()
+os.abort()
+"""
+
+
+def test_a_gpu_faiss_cannot_run_on_is_refused_for_gpu_and_skipped_for_auto(
+        one_gpu_seen, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(ann, "GPU_PROBE", ABORTING_PROBE)
+    with pytest.raises(ValueError, match=r"index\.device is gpu .*no kernel image"):
+        ann.use_gpu("gpu")
+    with caplog.at_level("WARNING", logger="ance_train.index.ann"):
+        assert AnnIndex(DIM, IndexConfig(device="auto")).gpu is False
+    assert "cannot search on them" in caplog.text and "CUDA error 209" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ance_train.index.ann"):
+        assert AnnIndex(DIM, IndexConfig(device="auto")).gpu is False
+    assert "cannot search" not in caplog.text  # said once per process, not per refresh
+    assert ann.use_gpu("cpu") is False
+
+
+def test_the_gpu_probe_runs_once_and_a_passing_probe_uses_the_gpu(
+        one_gpu_seen, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    runs = tmp_path / "runs"
+    monkeypatch.setattr(ann, "GPU_PROBE", f"open({str(runs)!r}, 'a').write('x')")
+    assert ann.use_gpu("auto") is True and ann.use_gpu("gpu") is True
+    assert runs.read_text() == "x"

@@ -17,7 +17,10 @@ sorted by topic should be shuffled before using ``ivf``/``ivfpq``.
 
 from __future__ import annotations
 
+import functools
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
 
 import faiss
@@ -44,12 +47,62 @@ def faiss_gpus() -> int:
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
+# One exact search on GPU 0, in a child process: a FAISS build without code for the GPU's
+# architecture fails a C++ assertion at its first kernel and aborts the whole process (seen:
+# faiss-gpu-cu12 1.14.1, built for sm_70 and sm_80 only, on an H200: "CUDA error 209 no kernel
+# image is available for execution on the device").
+GPU_PROBE = """
+import faiss, numpy as np
+index = faiss.GpuIndexFlatIP(faiss.StandardGpuResources(), 8)
+index.add(np.eye(8, dtype="float32"))
+assert index.search(np.eye(8, dtype="float32"), 1)[1].ravel().tolist() == list(range(8))
+"""
+GPU_PROBE_TIMEOUT_S = 120
+
+
+@functools.cache
+def gpu_probe_error() -> str | None:
+    """Why FAISS cannot search on the GPU (the probe's last error line), or None if it can.
+    Run once per process."""
+    try:
+        done = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True,
+                              text=True, timeout=GPU_PROBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"a one-vector GPU search did not finish in {GPU_PROBE_TIMEOUT_S} s"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    cause = next((line for line in lines if "error" in line.lower()), None)
+    return (cause or (lines[-1] if lines else f"exit status {done.returncode}"))[:400]
+
+
 def use_gpu(device: str) -> bool:
-    """Resolve ``index.device``; ``gpu`` without a FAISS GPU is a configuration error."""
-    if device == "gpu" and faiss_gpus() == 0:
-        raise ValueError("index.device is gpu but FAISS sees no GPU (faiss-cpu installed, or "
-                         "no CUDA device): use auto or cpu")
-    return device == "gpu" or (device == "auto" and faiss_gpus() > 0)
+    """Resolve ``index.device``. ``gpu`` where FAISS sees no GPU, or cannot run on it, is a
+    configuration error; ``auto`` then uses the CPU (with a warning in the second case)."""
+    if device == "cpu":
+        return False
+    gpus = faiss_gpus()
+    if gpus == 0:
+        if device == "gpu":
+            raise ValueError("index.device is gpu but FAISS sees no GPU (faiss-cpu installed, "
+                             "or no CUDA device): use auto or cpu")
+        return False
+    error = gpu_probe_error()
+    if error is None:
+        return True
+    if device == "gpu":
+        raise ValueError(f"index.device is gpu but FAISS cannot search on this GPU ({error}): "
+                         "install a FAISS build with code for its architecture (the gpu "
+                         "extra's faiss-gpu), or use auto or cpu")
+    _warn_auto_stays_on_cpu(gpus, error)
+    return False
+
+
+@functools.cache
+def _warn_auto_stays_on_cpu(gpus: int, error: str) -> None:
+    """Once per process, not at every refresh's index."""
+    log.warning("index.device auto: FAISS sees %d GPU(s) but cannot search on them (%s); "
+                "the index stays on the CPU", gpus, error)
 
 
 def _new_index(config: IndexConfig, dim: int, nlist: int) -> faiss.Index:
