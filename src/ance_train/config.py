@@ -547,7 +547,8 @@ class IndexConfig(_Strict):
     ``type``: ``flat`` (exact inner product, ANCE §5; the default), ``ivf`` (inverted lists),
     ``ivfpq`` (inverted lists + product quantisation) or ``hnsw`` (graph). Only the settings
     of the chosen type may be given. ``device``: ``auto`` searches on the GPU when FAISS sees
-    one (HNSW, as the index or as the IVF coarse quantizer, always runs on the CPU).
+    one and a probe search there succeeds (HNSW, as the index or as the IVF coarse quantizer,
+    always runs on the CPU).
     """
 
     eval_depth: int = Field(1000, ge=10)
