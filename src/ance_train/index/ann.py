@@ -62,7 +62,8 @@ GPU_PROBE_TIMEOUT_S = 120
 
 @functools.cache
 def gpu_probe_error() -> str | None:
-    """Why FAISS cannot search on the GPU (the probe's last error line), or None if it can.
+    """Why FAISS cannot search on the GPU (the probe's first stderr line naming an error, else
+    its last line), or None if it can.
     Run once per process."""
     try:
         done = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True,
