@@ -109,14 +109,13 @@ def analyse_run(run_dir: Path) -> dict:
     store = run_dir / "store" / run_id
     if not store.is_dir():
         raise SystemExit(f"{run_dir}: no store/{run_id}; is it a run kept by --runs-dir?")
-    similarity = config["model"]["similarity"]
     tables = {path.stem: NegativesTable.from_bytes(path.read_bytes())
               for path in sorted((store / "negatives").glob("*.npz"))
               if not path.stem.endswith("-dual")}
     steps = sorted(int(p.name) for p in (store / "embeddings").iterdir() if p.name.isdigit())
     checkpoints = []
     for step in steps:
-        stored = load_checkpoint(store, step, similarity)
+        stored = load_checkpoint(store, step)
         train_ids = sorted(stored.dataset.train)
         positive, ranks = positives_and_ranks(stored, train_ids)
         entry = {"step": step, "positive_rank": rank_summary(ranks),
