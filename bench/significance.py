@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from quality import ALL_METHODS, bm25_runs, display_name
+from quality import ALL_METHODS, PEER, bm25_runs, display_name
 from scipy import stats
 from stored_run import find_run_dir, load_checkpoint
 
@@ -62,9 +62,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def rebuilt_test_ranking(store_dir: Path, step: int, depth: int = 100) -> tuple[dict, dict]:
+def index_similarity(run: dict) -> str:
+    """The similarity of the index the run's own evaluation searched: the indexer's takes
+    the model's vectors as they are (``dot``); the peer's evaluator
+    (``bench/peer_sentence_transformers.py``) indexes sentence-transformers' vectors, not
+    normalised at encoding, with the model's similarity."""
+    if run.get("base_method", run["method"]) == PEER:
+        return run["config"]["model"].get("similarity", "cosine")
+    return "dot"
+
+
+def rebuilt_test_ranking(store_dir: Path, step: int, similarity: str, depth: int = 100
+                         ) -> tuple[dict, dict]:
     """The test run (query → {doc: score}) of checkpoint ``step`` and the test qrels."""
-    stored = load_checkpoint(store_dir, step)
+    stored = load_checkpoint(store_dir, step, similarity)
     qids = sorted(stored.dataset.test)
     ranked, scores = stored.index.search(stored.query_vectors(qids), depth, 1024)
     run = {q: {str(d): float(s) for d, s in zip(r, sc, strict=True) if d >= 0}
@@ -83,7 +94,8 @@ def per_query_scores(report: dict, roots: list[Path]) -> tuple[dict[str, dict], 
         # method they vary (both "ance-s13"), in different --runs-dir.
         store_dir = find_run_dir(run["config"]["run_id"],
                                  [Path(run["config"]["output_dir"]), *roots])
-        ranking, run_qrels = rebuilt_test_ranking(store_dir, run["selected_step"])
+        similarity = index_similarity(run)
+        ranking, run_qrels = rebuilt_test_ranking(store_dir, run["selected_step"], similarity)
         if qrels is not None and run_qrels != qrels:
             raise SystemExit(f"{store_dir}: its test qrels differ from the other runs'")
         qrels = run_qrels
@@ -94,7 +106,7 @@ def per_query_scores(report: dict, roots: list[Path]) -> tuple[dict[str, dict], 
                              f"test nDCG@10 {rebuilt:.6f}, the report says {reported:.6f}")
         by_method.setdefault(run["method"], []).append(scores)
         if zero_shot is None:
-            zero_shot = evaluate_per_query(rebuilt_test_ranking(store_dir, 0)[0], qrels)
+            zero_shot = evaluate_per_query(rebuilt_test_ranking(store_dir, 0, similarity)[0], qrels)
     assert qrels is not None and zero_shot is not None
     systems = {method: {q: float(np.mean([s[q] for s in seeds])) for q in qrels}
                for method, seeds in by_method.items()}

@@ -40,11 +40,11 @@ class StoredCheckpoint:
         return self.queries[[self.query_row[q] for q in query_ids]]
 
 
-def load_checkpoint(store_dir: Path, step: int) -> StoredCheckpoint:
-    """The embeddings of checkpoint ``step`` in a flat ``AnnIndex``, built as the indexer
-    builds it (``indexer/build.py``): inner product over the stored vectors as they are. A
-    cosine model already stored unit vectors; normalising them a second time moves scores
-    in their last bits, enough to swap two near-tied documents of a test query's top 10."""
+def load_checkpoint(store_dir: Path, step: int, similarity: str = "dot") -> StoredCheckpoint:
+    """The embeddings of checkpoint ``step`` in a flat ``AnnIndex`` of ``similarity``: the
+    one the run's evaluator used. The indexer's is ``dot`` (``indexer/build.py``: the stored
+    vectors as they are; a cosine model stored unit vectors). Normalising those a second time
+    moves scores in their last bits, enough to swap two near-tied documents of a top 10."""
     dataset = DatasetIndex.from_json((store_dir / keys.DATASET_INDEX).read_text())
     shards = store_dir / keys.embeddings(step)
     if not shards.is_dir():
@@ -54,7 +54,7 @@ def load_checkpoint(store_dir: Path, step: int) -> StoredCheckpoint:
         ids, vectors = unpack_embeddings(path.read_bytes())
         if index is None:
             index = AnnIndex(vectors.shape[1], IndexConfig(type="flat", device="cpu"),
-                             expected_size=dataset.num_docs)
+                             similarity, expected_size=dataset.num_docs)
         index.add(ids, vectors)
     if index is None:
         raise SystemExit(f"{shards}: no corpus shards")
