@@ -67,6 +67,14 @@ def test_negative_max_restarts_is_named(tmp_path: Path) -> None:
     assert "max_restarts" in _load_error(path)
 
 
+def test_threads_between_refreshes_are_for_one_trainer_process(tmp_path: Path) -> None:
+    data = tmp_path / "dataset"
+    data.mkdir()
+    path = write_config(tmp_path / "run.yaml", data={"path": str(data)},
+                        training={"processes": 2, "torch_threads_between_refreshes": 2})
+    assert "torch_threads_between_refreshes is for one trainer process" in _load_error(path)
+
+
 def test_unknown_field_is_named(tmp_path: Path) -> None:
     path = write_config(tmp_path / "run.yaml", data={"path": "d"}, training={"stpes": 10})
     message = _load_error(path)

@@ -29,13 +29,14 @@ ANN_AFTER_WARMUP_STEPS = 40
 
 
 def run_strategy(root: Path, data: Path, model: Path, negatives: dict, steps: int = STEPS,
-                 **model_cfg) -> dict:
+                 training: dict | None = None, **model_cfg) -> dict:
     config_path = write_config(
         root / "config.yaml", run_id="strategy", output_dir=str(root / "runs"),
         data={"path": str(data), "dev_fraction": 0.2},
         model={"path": str(model), "max_query_length": 24, "max_doc_length": 96, **model_cfg},
         training={"steps": steps, "batch_size": BATCH, "refresh_every": REFRESH,
-                  "warmup_steps": 3, "learning_rate": 1e-4, "torch_threads": 1},
+                  "warmup_steps": 3, "learning_rate": 1e-4, "torch_threads": 1,
+                  **(training or {})},
         negatives={"top_k": 30, "bm25": {"top_k": 30}, "simans": {"top_k": 30},
                    "dance": {"top_k": 10}, "grad_norm_every": 5, **negatives},
         inference={"replicas": 1, "shard_size": 150, "claim_timeout_s": 10,
@@ -120,8 +121,14 @@ def test_bm25_plus_random(tmp_path, scifact_subset, small_model) -> None:
 def test_bm25_warmup_then_ance(tmp_path, scifact_subset, small_model) -> None:
     run = run_strategy(tmp_path, scifact_subset, small_model,
                        {"pool": "ann", "warmup": "bm25", "warmup_steps": 12},
-                       steps=ANN_AFTER_WARMUP_STEPS)
+                       steps=ANN_AFTER_WARMUP_STEPS,
+                       training={"torch_threads_between_refreshes": 2})
     common_checks(run)
+    # One thread while checkpoint 0 is encoded (step 1 starts on BM25 negatives meanwhile),
+    # two once a refresh is evaluated and none of the trainer's checkpoints is being encoded.
+    threads = run["trainer"]["torch_threads"]
+    assert len(threads) == ANN_AFTER_WARMUP_STEPS and threads[0] == 1
+    assert set(threads) == {1, 2}
     swaps = run["trainer"]["swaps"]
     assert swaps[0] == {"step": 1, "negatives_step": -1}
     ann = [s for s in swaps if s["negatives_step"] >= 0]

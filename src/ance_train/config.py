@@ -228,6 +228,12 @@ class TrainingConfig(_Strict):
     mixed_precision: Literal["auto", "bf16", "fp16", "off"] = "auto"
     seed: int = 42
     torch_threads: int | None = Field(None, ge=1)
+    torch_threads_between_refreshes: int | None = Field(
+        None, ge=1, description="Threads for the trainer's steps while none of its checkpoints "
+                                "is being encoded (embedded mode on a small machine, where the "
+                                "inferencers' cores are idle then: trainer/core_sharing.py); "
+                                "torch_threads while one is. None: torch_threads throughout. "
+                                "One trainer process only.")
     processes: int = Field(
         1, ge=1, description="Data-parallel trainer ranks (DDP); batch_size is the global "
                              "batch, split over them, every query seeing the documents of all "
@@ -248,6 +254,9 @@ class TrainingConfig(_Strict):
         if self.batch_size < self.processes:
             raise ValueError(f"training.batch_size ({self.batch_size}) is the global batch: "
                              f"it must give each of the {self.processes} processes a query")
+        if self.torch_threads_between_refreshes and self.processes > 1:
+            raise ValueError("training.torch_threads_between_refreshes is for one trainer "
+                             f"process sharing a machine; processes is {self.processes}")
         return self
 
 

@@ -50,6 +50,7 @@ from ance_train.protocol.retention import RunRetention
 from ance_train.runtime import ServiceContext
 from ance_train.trainer.batches import BatchBuilder, TrainingBatch
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
+from ance_train.trainer.core_sharing import RefreshAwareThreads
 from ance_train.trainer.distributed import (
     DistributedContext,
     broadcast_object,
@@ -89,6 +90,7 @@ class TrainingRecord:
     wait_before_first_s: float = 0.0
     checkpoints: list[int] = field(default_factory=list)
     resumed_from: list[int] = field(default_factory=list)
+    torch_threads: list[int] = field(default_factory=list)  # each step's (core_sharing.py)
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainingRecord:
@@ -111,6 +113,9 @@ class Trainer:
         random.seed(cfg.training.seed)
         if cfg.training.torch_threads:
             torch.set_num_threads(cfg.training.torch_threads)
+        between = cfg.training.torch_threads_between_refreshes
+        self.threads = (None if between is None else RefreshAwareThreads(
+            ctx.bus, torch.get_num_threads(), between, torch.set_num_threads, ctx.stop))
         self.device = (torch.device("cuda" if torch.cuda.is_available() else "cpu")
                        if self.dist.world_size == 1 else self.dist.device())
         self.queue = WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
@@ -206,9 +211,13 @@ class Trainer:
             held = self._resume_state.negatives
             self.tables.checkpoint_saved(self.step, (held.ann, held.dual))
             self.publisher.ensure_announced(self.step)
+            if self.threads is not None:
+                self.threads.checkpoint_saved(self.step)
             self.feed.restore(held)
         self.tables.announce()
         self.feed.start()
+        if self.threads is not None:
+            self.threads.start()
         if self.picker.needs_wait():
             ctx.state.update(phase="waiting for first negatives")
             started = time.monotonic()
@@ -249,6 +258,9 @@ class Trainer:
                     self.record.swaps.append({"step": self.step,
                                               "negatives_step": current.table_step})
                     self.in_use_step = current.table_step
+                self.record.torch_threads.append(
+                    torch.get_num_threads() if self.threads is None
+                    else self.threads.before_step())
                 loss, dual_loss = self._optimise(current.batch, self.preparer.result(inputs),
                                                  dual_weight)
                 # Async gap: steps since the checkpoint that mined the table in use (ANN only).
@@ -433,6 +445,8 @@ class Trainer:
             record=asdict(self.record),
             lookahead=None if lookahead is None else lookahead.state_dict())
         self.tables.checkpoint_saved(step, (state.negatives.ann, state.negatives.dual))
+        if self.threads is not None:
+            self.threads.checkpoint_saved(step)
         directory = self.publisher.save(step, self.model, self.tokenizer, state)
         self.publisher.publish_async(step, directory).add_done_callback(
             functools.partial(self._published, step))
@@ -476,6 +490,7 @@ class Trainer:
             "prepare_ms": rec.prepare_ms,
             "prepare_wait_ms": rec.prepare_wait_ms,
             "wait_before_first_s": rec.wait_before_first_s,
+            "torch_threads": rec.torch_threads,
             # Bytes of the run's objects when the trainer finished (the final refresh is
             # still to come; the launcher's summary.json has the size at the very end).
             "store_bytes": self.store_bytes,
