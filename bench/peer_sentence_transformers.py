@@ -74,6 +74,13 @@ def _collator(model: Any, lengths: dict[str, int]) -> Any:
     return PerColumnLength(preprocess_fn=model.preprocess, column_lengths=lengths)
 
 
+def index_similarity(model_cfg: dict) -> str:
+    """The similarity of the index the peer's checkpoints are evaluated with: the model's own,
+    since sentence-transformers' vectors are stored as encoded, not normalised (the indexer
+    instead takes a cosine model's unit vectors with ``dot``)."""
+    return model_cfg.get("similarity", "cosine")
+
+
 def _encode(model: Any, texts: list[str], max_length: int, batch_size: int) -> np.ndarray:
     model.max_seq_length = max_length
     vectors = model.encode(texts, batch_size=batch_size, convert_to_tensor=True,
@@ -122,7 +129,7 @@ class _Checkpoints:
         self.precision = precision
         index_cfg = IndexConfig(**{**self.config.get("index", {}), "type": "flat",
                                    "device": "cpu"})
-        index = AnnIndex(docs.shape[1], index_cfg, model_cfg.get("similarity", "cosine"),
+        index = AnnIndex(docs.shape[1], index_cfg, index_similarity(model_cfg),
                          expected_size=len(docs))
         index.add(np.arange(len(docs), dtype=np.int64), docs)
         index.finalize()

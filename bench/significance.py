@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from peer_sentence_transformers import index_similarity as peer_index_similarity
 from quality import ALL_METHODS, PEER, bm25_runs, display_name
 from scipy import stats
 from stored_run import find_run_dir, load_checkpoint
@@ -64,11 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def index_similarity(run: dict) -> str:
     """The similarity of the index the run's own evaluation searched: the indexer's takes
-    the model's vectors as they are (``dot``); the peer's evaluator
-    (``bench/peer_sentence_transformers.py``) indexes sentence-transformers' vectors, not
-    normalised at encoding, with the model's similarity."""
+    the model's vectors as they are (``dot``); the peer's evaluator has its own."""
     if run.get("base_method", run["method"]) == PEER:
-        return run["config"]["model"].get("similarity", "cosine")
+        return peer_index_similarity(run["config"]["model"])
     return "dot"
 
 
