@@ -13,6 +13,9 @@ what an install would create is checked object by object. Which kinds are valida
   operator's CRD, a fixture under tests/fixtures/crds/ naming its source and release
   (jsonschema, and no field the schema lacks, which an API server would prune), and its pod
   templates as core/v1 PodTemplates (kubernetes-validate, strict);
+- ScaledObject and TriggerAuthentication (inferencer.keda.enabled): the openAPIV3Schema of
+  KEDA's CRDs, fixtures under tests/fixtures/crds/ naming their source and release
+  (jsonschema, and no field the schema lacks), as the PyTorchJob (tests/test_helm_keda.py);
 - ServiceMonitor (Prometheus Operator, no schema here): the fields it needs, asserted one by
   one in test_service_monitor_scrapes_every_ance_service.
 """
@@ -59,12 +62,17 @@ from helm_render import (
 PRODUCTION = Path(__file__).parent / "fixtures" / "helm" / "values-production.yaml"
 # The training operator's PyTorchJob CRD (kubeflow.org/v1), release v1.9.0: see its header.
 PYTORCHJOB_CRD = Path(__file__).parent / "fixtures" / "crds" / "kubeflow.org_pytorchjobs.yaml"
+# KEDA's CRDs (keda.sh/v1alpha1), release v2.20.1: see their headers.
+KEDA_CRDS = {kind: Path(__file__).parent / "fixtures" / "crds" / f"keda.sh_{plural}.yaml"
+             for kind, plural in (("ScaledObject", "scaledobjects"),
+                                  ("TriggerAuthentication", "triggerauthentications"))}
 FULLNAME = "ance-train"  # release "ance-train" of chart "ance-train"
 # The ance workloads: the trainer finishes (a Job), the others serve until uninstalled.
 WORKLOAD_KINDS = {"trainer": "Job", "inferencer": "Deployment", "indexer": "Deployment"}
 ROLES = tuple(WORKLOAD_KINDS)
 WORKLOAD_TYPES = ("Job", "Deployment", "StatefulSet")
-CUSTOM_KINDS = {"AnceRun", "ServiceMonitor", "PyTorchJob"}  # as the module docstring says
+# As the module docstring says.
+CUSTOM_KINDS = {"AnceRun", "ServiceMonitor", "PyTorchJob", *KEDA_CRDS}
 
 # The environment contract between the chart and the services (see docs/deployment.md).
 CONTRACT_ENV = {
@@ -231,6 +239,9 @@ def _validate_all(objects: list[dict[str, Any]]) -> None:
         elif obj["kind"] == "PyTorchJob":
             _validate_pytorchjob(obj)
             how[obj["kind"]] = "crd"
+        elif obj["kind"] in KEDA_CRDS:
+            _validate_keda(obj)
+            how[obj["kind"]] = "crd"
         elif obj["kind"] == "ServiceMonitor":
             how[obj["kind"]] = "asserted"  # test_service_monitor_scrapes_every_ance_service
         else:
@@ -290,6 +301,25 @@ def _validate_pytorchjob(job: dict[str, Any]) -> None:
             {"apiVersion": "v1", "kind": "PodTemplate",
              "metadata": {"name": f"{job['metadata']['name']}-{replica_type.lower()}"},
              "template": replica["template"]}, KUBE_VERSION, strict=True)
+
+
+@functools.cache
+def _keda_schema(kind: str) -> dict[str, Any]:
+    """The openAPIV3Schema of KEDA's CRD for ``kind`` (keda.sh/v1alpha1), from its fixture."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    (crd,) = [d for d in yaml.load_all(KEDA_CRDS[kind].read_text(), Loader=loader) if d]
+    assert crd["spec"]["group"] == "keda.sh" and crd["spec"]["names"]["kind"] == kind
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    assert version["served"] and version["storage"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def _validate_keda(obj: dict[str, Any]) -> None:
+    """KEDA's CRD schema (types, enums, required fields) and no field it would prune."""
+    assert obj["apiVersion"] == "keda.sh/v1alpha1", obj["apiVersion"]
+    schema = _keda_schema(obj["kind"])
+    jsonschema.Draft7Validator(schema).validate(obj)
+    assert _undeclared(obj, schema) == []
 
 
 def _ancerun_schema() -> dict[str, Any]:
@@ -476,7 +506,9 @@ def _services_source() -> str:
 def test_ance_env_matches_the_contract(default_objects: list[dict[str, Any]]) -> None:
     workloads = ance_workloads(default_objects)
     all_containers = [c for w in workloads.values() for c in containers(w)]
-    assert [c["name"] for c in containers(workloads["trainer"])] == ["prepare", "trainer"]
+    # By default the dataset is in a bucket: the trainer pod waits for its upload first.
+    assert [c["name"] for c in containers(workloads["trainer"])] == [
+        "wait-for-data", "prepare", "trainer"]
     reference = env_of(all_containers[0])
     for container in all_containers:
         env = env_of(container)
@@ -561,11 +593,13 @@ def test_billion_document_values_render_the_planned_shape() -> None:
 def test_run_config_is_valid_and_carries_the_run_id(
     default_objects: list[dict[str, Any]], production_objects: list[dict[str, Any]],
 ) -> None:
-    for objects, run_id in ((default_objects, "ance-run"), (production_objects, "msmarco-ance")):
+    for objects, run_id, data_path in (
+            (default_objects, "ance-run", "s3://ance-data/scifact/"),  # no volume to create
+            (production_objects, "msmarco-ance", "/data/msmarco")):  # data.existingClaim
         config_map = one(objects, "ConfigMap", f"{FULLNAME}-config")
         config = parse_config(yaml.safe_load(config_map["data"]["config.yaml"]))
         assert config.run_id == run_id
-        assert config.data.path.startswith("/data/")
+        assert config.data.path == data_path
         for workload in ance_workloads(objects).values():
             volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
             assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]
@@ -582,7 +616,8 @@ def test_roles_commands_and_strategies(default_objects: list[dict[str, Any]]) ->
         assert main["args"] == ["serve", role]
         assert main["image"] == "ance-train:0.1.0"
         assert "command" not in main  # the image's ENTRYPOINT (ance-train) runs
-    assert pod_spec(workloads["trainer"])["initContainers"][0]["args"] == ["prepare"]
+    inits = {c["name"]: c for c in pod_spec(workloads["trainer"])["initContainers"]}
+    assert inits["prepare"]["args"] == ["prepare"]
     # One indexer, never two at once (Recreate); the trainer's equivalent is its Job's
     # parallelism (test_trainer_is_a_job_that_runs_one_pod_to_completion).
     assert workloads["indexer"]["spec"]["replicas"] == 1
@@ -613,7 +648,9 @@ def test_trainer_is_a_job_that_runs_one_pod_to_completion(
         assert spec["podFailurePolicy"] == {"rules": [{
             "action": "Ignore",
             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
-        assert [c["name"] for c in containers(job)] == ["prepare", "trainer"]
+        # wait-for-data only with the dataset in a bucket (the default; not production's PVC).
+        assert [c["name"] for c in containers(job)] == [
+            *(["wait-for-data"] if objects is default_objects else []), "prepare", "trainer"]
         assert pod_labels(job)["ance-train.io/service"] == "true"  # NetworkPolicy, Service
 
 
@@ -696,8 +733,13 @@ def test_each_workload_is_written_out_in_its_own_template(
     template: str, expected: list[tuple[str, str]],
 ) -> None:
     """Each workload's manifest is readable in its own file (as `helm create` writes them):
-    its kinds and the shape of its pod spelled out there, not generated by a helper."""
+    its kinds and the shape of its pod spelled out there, not generated by a helper — but for
+    the trainer's pod, shared by the Job and the PyTorchJob: spelled out once, in
+    _trainer-pod.tpl, which trainer.yaml renders (test_trainer_pod_is_written_once)."""
     source = (CHART_DIR / "templates" / template).read_text()
+    if template == "trainer.yaml":
+        assert 'include "ance-train.trainerPod"' in source
+        source += (CHART_DIR / "templates" / "_trainer-pod.tpl").read_text()
     kinds = re.findall(r"^kind: (\w+)$", source, re.M)
     assert [k for k in kinds if k not in OTHER_KINDS.get(template, [])] == [
         kind for kind, _ in expected]
@@ -746,7 +788,9 @@ def test_security_context_of_every_container(
                 mounts = {m["mountPath"] for m in container["volumeMounts"]}
                 assert "/tmp" in mounts, where  # writable scratch beside a read-only root
                 checked += 1
-    assert checked == 6 + 4  # defaults: 4 ance containers + redis + minio; production: 4
+    # defaults: 5 ance containers (wait-for-data, prepare, trainer, inferencer, indexer) +
+    # redis + minio; production (the dataset on a volume: no wait-for-data): 4.
+    assert checked == 7 + 4
 
 
 def test_scratch_and_data_volumes(production_objects: list[dict[str, Any]]) -> None:
@@ -1319,7 +1363,7 @@ def test_kubeflow_pytorchjob_replaces_the_job_and_headless_service(
             "grpc": 50051, "metrics": 9100, "pytorchjob-port": 29400}
         assert pod == job_pod
     master = replicas["Master"]["template"]["spec"]
-    assert [c["name"] for c in master["initContainers"]] == ["prepare"]
+    assert [c["name"] for c in master["initContainers"]] == ["wait-for-data", "prepare"]
     env = env_of(master["containers"][0])
     assert env["NCCL_SOCKET_IFNAME"]["value"] == "eth0" and set(env) >= CONTRACT_ENV
     assert master["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
@@ -1425,6 +1469,55 @@ def test_invalid_pytorchjob_is_rejected(
     with pytest.raises((jsonschema.ValidationError, AssertionError,
                         kubernetes_validate.ValidationError)):
         _validate_pytorchjob(broken)
+
+
+@pytest.mark.parametrize(
+    "trainer",
+    [{}, RANKS["trainer"]],
+    ids=["one-process", "ranks"],
+)
+def test_trainer_pod_is_written_once(trainer: dict[str, Any]) -> None:
+    """The Job's pod and the PyTorchJob's (its rank-0 replica: Master, or the one Worker) come
+    from one named template (_trainer-pod.tpl): their init containers, the trainer
+    container's image, arguments, environment, mounts, probes, resources and security
+    context, the volumes, the scheduling and the pod's metadata agree; only what the
+    operator does itself differs (the container's name, torchrun's rendezvous flags, the
+    rendezvous port's name, the restart policy, the headless Service's subdomain)."""
+    scheduling = {"nodeSelector": {"pool": "train"}, "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "gpu", "operator": "In", "values": ["a100"]}]}]}}}}
+    values = {"trainer": {**trainer, **scheduling}}
+    job = one(render_chart(values), "Job", TRAINER)
+    pytorchjob = one(render_chart({"trainer": {**values["trainer"], "kubeflow": {
+        "enabled": True}}}), "PyTorchJob", TRAINER)
+    replicas = pytorchjob["spec"]["pytorchReplicaSpecs"]
+    rank0 = replicas["Master" if "Master" in replicas else "Worker"]["template"]
+    job_pod, operator_pod = job["spec"]["template"], rank0
+    assert job_pod["metadata"] == operator_pod["metadata"]
+    job_spec, operator_spec = job_pod["spec"], operator_pod["spec"]
+    assert job_spec.pop("restartPolicy") == "Never" and "restartPolicy" not in operator_spec
+    job_spec.pop("subdomain", None)
+    job_main, operator_main = job_spec.pop("containers")[0], operator_spec.pop("containers")[0]
+    assert job_spec == operator_spec  # init containers, volumes, scheduling, accounts...
+    assert job_spec["nodeSelector"] == {"pool": "train"}
+    assert job_spec["affinity"] == scheduling["affinity"]
+    assert (job_main.pop("name"), operator_main.pop("name")) == ("trainer", "pytorch")
+    assert operator_main.pop("command") == ["python", "-m", "torch.distributed.run", "-m",
+                                            "ance_train.cli"]
+    job_command = job_main.pop("command", None)
+    assert (job_command is None) == (not trainer)  # one process: the image's entrypoint
+    rendezvous_ports = {"rdzv", "pytorchjob-port"}
+    assert ([p for p in job_main.pop("ports") if p["name"] not in rendezvous_ports]
+            == [p for p in operator_main.pop("ports") if p["name"] not in rendezvous_ports])
+    if not trainer:  # the operator's pods always run torchrun: RANKS_ENV
+        operator_main["env"] = [e for e in operator_main["env"] if e["name"] not in RANKS_ENV]
+    assert job_main == operator_main
+    for template in ("trainer.yaml", "trainer-pytorchjob.yaml"):
+        source = (CHART_DIR / "templates" / template).read_text()
+        assert 'include "ance-train.trainerPod"' in source, template
+        assert not re.search(r"^\s*(containers|initContainers|volumes):", source, re.M), template
 
 
 def test_pytorchjob_crd_fixture_names_its_source() -> None:
@@ -1575,3 +1668,21 @@ def test_dockerignore_keeps_the_context_to_the_package() -> None:
               for k, v in ((i["instruction"], i["value"]) for i in _dockerfile(name).structure)
               if k == "COPY" for path in v.split()[:-1]}
     assert copied <= allowed
+
+
+def test_an_engine_without_an_api_server_can_turn_the_ancerun_off() -> None:
+    """anceRun.enabled false (helm/examples/values-local.yaml, for podman kube play): no AnceRun
+    object, no ANCE_ANCERUN in any container (the services would otherwise refuse to start
+    without an API server), and NOTES do not send the operator to `kubectl get anceruns`."""
+    on = render_chart({})
+    assert find(on, "AnceRun")
+    assert all("ANCE_ANCERUN" in env_of(c) for w in all_workloads(on)
+               for c in containers(w) if c["name"] not in ("redis", "minio"))
+    off = render_chart({"anceRun": {"enabled": False}})
+    assert not find(off, "AnceRun")
+    ance = [c for w in all_workloads(off) for c in containers(w)
+            if c["name"] not in ("redis", "minio")]
+    assert ance and all("ANCE_ANCERUN" not in env_of(c) for c in ance)
+    notes = render_notes({"anceRun": {"enabled": False}})
+    assert "get anceruns" not in notes and "ance-train status" in notes
+    assert "get anceruns" in render_notes({})

@@ -54,15 +54,38 @@ def test_dataset_in_a_bucket_mounts_no_data_volume() -> None:
     assert "in the bucket\n(s3://ml-datasets/beir/scifact/)" in render_notes(IN_BUCKET)
 
 
-def test_the_default_still_mounts_the_claim() -> None:
-    spec = pod_spec(one(render_chart({}), "Deployment", "ance-train-inferencer"))
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "ance-data"
+ON_A_VOLUME = {"data": {"existingClaim": "ance-data"},
+               "run": {"config": {"data": {"path": "/data/scifact"}}}}
+
+
+def test_the_default_reads_the_bucket_and_needs_no_volume() -> None:
+    """A plain install creates nothing to wait for: no pod mounts a claim that must exist
+    first (the old default, data.existingClaim: ance-data, left every pod Pending)."""
+    objects = render_chart({})
+    config = parse_config(yaml.safe_load(
+        one(objects, "ConfigMap", "ance-train-config")["data"]["config.yaml"]))
+    assert config.data.path.startswith("s3://")
+    for kind in ("Job", "Deployment", "StatefulSet"):
+        for workload in find(objects, kind):
+            assert not [v for v in pod_spec(workload).get("volumes", [])
+                        if "persistentVolumeClaim" in v], workload["metadata"]["name"]
+
+
+def test_a_claim_is_still_mounted_when_named() -> None:
+    objects = render_chart(ON_A_VOLUME)
+    for role, kind in WORKLOADS.items():
+        spec = pod_spec(one(objects, kind, f"ance-train-{role}"))
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "ance-data",
+                                                            "readOnly": True}, role
+    # Nothing to wait for on a volume: prepare validates it at once.
+    assert [c["name"] for c in containers(one(objects, "Job", "ance-train-trainer"))] == [
+        "prepare", "trainer"]
 
 
 def test_no_claim_and_a_local_path_fails_the_render() -> None:
     with pytest.raises(HelmError) as failure:
-        render_manifests({"data": {"existingClaim": ""}})
+        render_manifests({"run": {"config": {"data": {"path": "/data/scifact"}}}})
     message = str(failure.value)
     assert "data.existingClaim is empty" in message and "/data/scifact" in message, message
     assert "s3://bucket/prefix/" in message

@@ -186,8 +186,8 @@ secretKeyRef:
 {{- end }}
 {{- end }}
 
-{{/* Environment of every ance container (the contract with services/: ANCE_*). */}}
-{{- define "ance-train.env" -}}
+{{/* The pod's own address, name and namespace (the downward API), first in "ance-train.env". */}}
+{{- define "ance-train.podFieldEnv" -}}
 - name: POD_IP
   valueFrom:
     fieldRef:
@@ -200,6 +200,11 @@ secretKeyRef:
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+{{- end }}
+
+{{/* Environment of every ance container (the contract with services/: ANCE_*). */}}
+{{- define "ance-train.env" -}}
+{{ include "ance-train.podFieldEnv" . }}
 - name: ANCE_CONFIG
   value: /etc/ance/config.yaml
 - name: ANCE_REDIS_URL
@@ -236,8 +241,10 @@ secretKeyRef:
   value: "9100"
 - name: ANCE_CLUSTER_MODE
   value: "1"
+{{- if .Values.anceRun.enabled }}
 - name: ANCE_ANCERUN
   value: {{ include "ance-train.ancerunName" . | quote }}
+{{- end }}
 - name: HOME
   value: /tmp
 {{- with .Values.extraEnv }}
@@ -358,4 +365,33 @@ s3://bucket/prefix/), scratch space. */}}
       protocol: UDP
     - port: 53
       protocol: TCP
+{{- end }}
+
+{{/* A pod's nodeSelector, tolerations and affinity: the role's own when set, else the
+chart-wide defaults (top-level nodeSelector / tolerations / affinity); each field on its own.
+args: (list $ctx roleValues). */}}
+{{- define "ance-train.scheduling" -}}
+{{- $ctx := index . 0 }}
+{{- $role := index . 1 | default dict }}
+{{- range $field := list "nodeSelector" "tolerations" "affinity" }}
+{{- with (get $role $field | default (index $ctx.Values $field)) }}
+{{ $field }}:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The inferencers' work queue in Redis: the stream and its consumer group, as the services
+name them (ance_train.protocol.keys.redis_key(run_id, ShardWork.TYPE) and
+ance_train.infra.bus.WorkQueue.GROUP; tests/test_helm_keda.py compares them). */}}
+{{- define "ance-train.workStream" -}}
+{{- printf "ance:%s:work" .Values.run.id }}
+{{- end }}
+
+{{- define "ance-train.workGroup" -}}inferencers{{- end }}
+
+{{/* Whether the inferencer Deployment leaves spec.replicas to someone else: KEDA
+(inferencer.keda.enabled) or the operator (inferencer.replicas: null, for kubectl scale). */}}
+{{- define "ance-train.inferencerReplicasUnset" -}}
+{{- if or .Values.inferencer.keda.enabled (kindIs "invalid" .Values.inferencer.replicas) }}true{{ end }}
 {{- end }}
