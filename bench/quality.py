@@ -47,7 +47,6 @@ whose official dev qrels are the dev split. The exact commands of the runs again
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
 import signal
@@ -60,6 +59,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from ance_train.config import apply_overrides, parse_override
 
 from report import command_line, machine, utc_now, write_report
 
@@ -152,8 +153,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown methods {unknown}; choose from {ALL_METHODS}")
     for override in args.overrides:
-        path, sep, _ = override.partition("=")
-        if not sep or "." not in path or "" in path.split("."):
+        try:
+            keys, _ = parse_override(override)  # the package's --set (ance-train run --set)
+        except ValueError as error:
+            parser.error(str(error))
+        if len(keys) < 2:  # run_id and output_dir are the benchmark's own
             parser.error(f"--set {override!r}: expected SECTION.FIELD=VALUE "
                          "(or SECTION.SUBSECTION.FIELD=VALUE)")
     if args.label and len(args.methods) != 1:
@@ -161,22 +165,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.label in ALL_METHODS and args.label != args.methods[0]:
         parser.error(f"--label {args.label!r} is another method's name")
     return args
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> None:
-    """Lay ``SECTION.FIELD=VALUE`` overrides (VALUE parsed as YAML) over a config; the path
-    may go deeper, into a strategy's section (``negatives.simans.a=0.3``)."""
-    for override in overrides:
-        path, _, value = override.partition("=")
-        *sections, field = path.split(".")
-        parsed = yaml.safe_load(value)
-        if isinstance(parsed, str):  # YAML 1.1 reads "5e-5" (no dot) as a string
-            with contextlib.suppress(ValueError):
-                parsed = float(parsed)
-        target = raw
-        for section in sections:
-            target = target.setdefault(section, {})
-        target[field] = parsed
 
 
 def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:

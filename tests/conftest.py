@@ -47,7 +47,8 @@ SLOW_FIRST_MODULES = ("test_strategies_e2e.py", "test_bench_quality.py", "test_l
                       "test_scale_replicas.py", "test_zero_shot_refresh.py", "test_prepare.py",
                       "test_trainer_ranks.py", "test_api.py", "test_export.py",
                       "test_s3_corpus_e2e.py", "test_embedded_partitions.py",
-                      "test_retention_e2e.py", "test_chaos.py", "test_restarts.py")
+                      "test_retention_e2e.py", "test_chaos.py", "test_restarts.py",
+                      "test_run_resume.py")
 
 
 def _module(nodeid: str) -> str:

@@ -4,6 +4,8 @@ index-memory model against real FAISS indexes."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -186,12 +188,88 @@ def test_throughput_from_an_encode_report(tmp_path: Path) -> None:
     report = tmp_path / "encode.json"
     report.write_text(json.dumps({"params": {"mean_tokens": 240.0, "max_length": 256},
                                   "results": {"ours": {"docs_per_s": 24.0}}}))
-    rate, tokens = capacity.throughput_from_benchmark(report)
-    assert (rate, tokens) == (24.0, 240.0)
-    assert capacity.scale_throughput(rate, tokens, 120) == pytest.approx(48.0)
+    measured = capacity.throughput_from_benchmark(report)  # an older report: "ours" is fp32
+    assert (measured.docs_per_s, measured.tokens, measured.precision) == (24.0, 240.0, "fp32")
+    assert measured.at(120) == pytest.approx(48.0)
+    report.write_text(json.dumps({"params": {"mean_tokens": 240.0, "max_length": 256},
+                                  "results": {"ours fp32": {"docs_per_s": 10.0},
+                                              "ours bf16": {"docs_per_s": 30.0}}}))
+    bf16 = capacity.throughput_from_benchmark(report, "bf16")
+    assert (bf16.docs_per_s, bf16.precision) == (30.0, "bf16") and "'ours bf16'" in bf16.source
+    assert capacity.throughput_from_benchmark(report, "fp32").docs_per_s == 10.0
+    with pytest.raises(ValueError, match="no row for precision int8"):
+        capacity.throughput_from_benchmark(report, "int8")
     report.write_text("{}")
     with pytest.raises(ValueError, match="neither"):
         capacity.throughput_from_benchmark(report)
+
+
+def test_the_rate_is_rescaled_to_the_tokens_left_after_the_cap() -> None:
+    """A rate measured at 240 tokens, a run cutting documents at 128: the plan encodes at
+    240/128 of the measured docs/s (not at the uncapped --doc-tokens' rate) and says so."""
+    cfg = parse_config({"data": {"path": "d"}, "model": {"max_doc_length": 128}})
+    measured = capacity.Throughput(30.0, 240.0, "bf16", "encode.json row 'ours bf16'")
+    load = capacity.workload(docs=1000, dim=8, replicas=1, train_queries=10, doc_tokens=256,
+                             measured=measured, config=cfg)
+    assert load.doc_tokens == 128 and load.docs_per_s == pytest.approx(30.0 * 240 / 128)
+    assert "56.2 docs/s per replica at 128 tokens/doc, bf16" in load.rate
+    assert "'ours bf16'" in load.rate
+    with pytest.raises(ValueError, match="once"):
+        capacity.workload(docs=1, dim=8, replicas=1, train_queries=1, docs_per_s=1.0,
+                          measured=measured)
+
+
+def test_plan_precision_follows_inference_precision(tmp_path: Path) -> None:
+    """Without --precision the plan takes the row of the precision inference.precision
+    resolves to on this machine (the inferencer's own resolve_precision); --precision picks
+    another machine's."""
+    from ance_train.modeling.encoding import resolve_precision
+
+    runner = CliRunner()
+    repo = Path(__file__).resolve().parents[1]
+    args = ["plan", "--docs", "1000", "--train-queries", "10", "--throughput-json",
+            str(repo / "docs" / "benchmarks" / "encode.json"), "--json"]
+    fp32 = tmp_path / "fp32.yaml"
+    fp32.write_text("data: {path: d}\ninference: {precision: fp32}\n")
+    auto = tmp_path / "auto.yaml"
+    auto.write_text("data: {path: d}\n")
+    local = resolve_precision("auto", "cpu")
+    for config, precision in ((fp32, "fp32"), (auto, local)):
+        out = json.loads(runner.invoke(app, [*args, "--config", str(config)]).output)
+        assert f", {precision}: " in out["workload"]["rate"], out["workload"]["rate"]
+    out = json.loads(runner.invoke(app, [*args, "--config", str(fp32), "--precision",
+                                         "int8"]).output)
+    assert "'ours int8'" in out["workload"]["rate"]
+
+
+def _readme_plan_example() -> list[str]:
+    """The README's plan command checked against a measured run (the block with --set)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    [block] = [b for b in blocks if "ance-train plan" in b and "--set" in b]
+    return shlex.split(block.replace("\\\n", " "))
+
+
+def test_the_readme_plan_example_predicts_its_measured_run(monkeypatch) -> None:
+    """The README's example plans the 2-replica refresh of refresh_scaling.json from
+    encode.json's rate; its encoding term is within 25% of the replicas' measured encoding
+    time (median of the run's refreshes), and the README quotes both numbers."""
+    repo = Path(__file__).resolve().parents[1]
+    command = _readme_plan_example()
+    assert command[:2] == ["ance-train", "plan"]
+    monkeypatch.chdir(repo)  # the example's paths are relative to the repository
+    result = CliRunner().invoke(app, [*command[1:], "--json"])
+    assert result.exit_code == 0, result.output
+    predicted = json.loads(result.output)["seconds"]["encode"]
+    scaling = json.loads((repo / "docs" / "benchmarks" / "refresh_scaling.json").read_text())
+    [run] = [r for r in scaling["runs"] if r["replicas"] == 2]
+    assert command[command.index("--replicas") + 1] == "2"
+    assert command[command.index("--docs") + 1] == str(run["corpus_docs"])
+    measured = float(np.median([r["parts_s"]["encode"] for r in run["refreshes"]]))
+    assert predicted == pytest.approx(measured, rel=0.25), (predicted, measured)
+    readme = (repo / "README.md").read_text()
+    assert f"encoded for\n{measured:.1f} s" in readme or f"encoded for {measured:.1f} s" in readme
+    assert f"predicts {predicted:.1f} s of encoding ({predicted / measured:.2f}×" in readme
 
 
 def test_plan_command(tmp_path: Path) -> None:

@@ -172,6 +172,8 @@ def test_relative_paths_resolve_against_the_config_directory(
 ) -> None:
     config_dir = tmp_path / "configs" / "nested"
     config_dir.mkdir(parents=True)
+    # An existing directory: "models/tiny" that does not exist would be a Hub id (org/name).
+    (config_dir / "models" / "tiny").mkdir(parents=True)
     path = write_config(config_dir / "run.yaml", output_dir="../out",
                         data={"path": "../data/scifact"}, model={"path": "models/tiny"})
     elsewhere = tmp_path / "elsewhere"
@@ -319,3 +321,109 @@ def test_strategy_section_values_are_validated() -> None:
     message = str(info.value)
     for field in ("negatives.simans.a", "negatives.tele", "negatives.per_query"):
         assert field in message, message
+
+
+# ----------------------------------------------------------- issue 30: --set, keys, no-ops
+
+
+def test_overrides_apply_before_validation(tmp_path: Path) -> None:
+    """``--set KEY.PATH=VALUE`` lays YAML values over the file, deep paths included, and
+    validation sees the result (an override can make a valid file invalid and vice versa)."""
+    from ance_train.config import apply_overrides, parse_override
+
+    path = write_config(tmp_path / "run.yaml", data={"path": str(tmp_path)},
+                        training={"steps": 10, "refresh_every": 5},
+                        negatives={"sampling": "simans", "simans": {"top_k": 100, "a": 0.5}})
+    cfg = load_config(path, ["training.steps=40", "training.learning_rate=5e-5",
+                             "negatives.simans.a=0.3", "run_id=seeded",
+                             "index.eval_splits=[test]"])
+    assert cfg.training.steps == 40 and cfg.training.refresh_every == 5
+    assert cfg.training.learning_rate == 5e-5  # YAML 1.1 reads 5e-5 as a string
+    assert (cfg.negatives.simans.a, cfg.negatives.simans.top_k) == (0.3, 100)
+    assert cfg.run_id == "seeded" and cfg.index.eval_splits == ["test"]
+    with pytest.raises(ConfigError, match=r"training\.steps: Input should be greater"):
+        load_config(path, ["training.steps=0"])
+    with pytest.raises(ConfigError, match=r"with --set training\.stpes=3"):
+        load_config(path, ["training.stpes=3"])
+    with pytest.raises(ConfigError, match=r"training\.steps is not a section"):
+        load_config(path, ["training.steps.x=1"])
+    for bad in ("training.steps", "training..steps=1", "=3", ".a=1"):
+        with pytest.raises(ValueError, match="expected KEY=VALUE"):
+            parse_override(bad)
+    raw: dict = {"negatives": {"simans": {"top_k": 100}}}
+    apply_overrides(raw, ["negatives.simans.a=0.3", "data.path=inf"])
+    assert raw == {"negatives": {"simans": {"top_k": 100, "a": 0.3}}, "data": {"path": "inf"}}
+
+
+def test_a_key_given_twice_names_the_file_key_and_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("run_id: twice\ndata:\n  path: /data/a\n  format: beir\ntraining:\n"
+                    "  steps: 10\n  batch_size: 4\n  steps: 20\n")
+    message = _load_error(path)
+    assert str(path) in message and "'steps'" in message
+    assert "line 6" in message and "line 8" in message
+    # The same key in two different mappings, and a merge key overridden, are fine.
+    path.write_text("run_id: once\ndata: &d {path: /data/a}\nindex: {eval_depth: 100}\n"
+                    "training: {steps: 10}\n")
+    assert load_config(path).training.steps == 10
+
+
+def test_unknown_keys_get_the_closest_field_name(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "run.yaml", data={"path": str(tmp_path), "dev_fracton": 0.2},
+                        training={"refresh_evry": 5, "zzzz": 1},
+                        negatives={"simans": {"top_kk": 3}, "simns": {}},
+                        index={"ivf": {"nprob": 3}})
+    message = _load_error(path)
+    assert f"invalid configuration in {path}" in message
+    for line in ("data.dev_fracton: unknown field (did you mean data.dev_fraction?)",
+                 "training.refresh_evry: unknown field (did you mean training.refresh_every?)",
+                 "negatives.simans.top_kk: unknown field (did you mean negatives.simans.top_k?)",
+                 "negatives.simns: unknown field (did you mean negatives.simans?)",
+                 "index.ivf.nprob: unknown field (did you mean index.ivf.nprobe?)"):
+        assert line in message, message
+    assert "training.zzzz: unknown field\n" in message + "\n"  # nothing close: no guess
+
+
+def _no_ops(tmp_path: Path, **negatives) -> list[str]:
+    return load_config(write_config(tmp_path / "run.yaml", data={"path": str(tmp_path)},
+                                    negatives=negatives)).no_op_settings()
+
+
+def test_zero_negatives_per_query_with_a_mining_pool_is_warned(tmp_path: Path) -> None:
+    [message] = _no_ops(tmp_path, pool="ann", per_query=0)
+    assert "negatives.per_query is 0" in message and "mines an ANN negatives table" in message
+    assert _no_ops(tmp_path, pool="ann", per_query=1) == []
+    assert _no_ops(tmp_path, pool="in_batch", per_query=0) == []  # nothing is mined
+
+
+def test_top_k_without_ann_candidates_is_warned(tmp_path: Path) -> None:
+    [message] = _no_ops(tmp_path, pool="bm25", warmup="none", top_k=50)
+    assert "negatives.top_k (50) is never read" in message and "pool bm25" in message
+    assert _no_ops(tmp_path, pool="ann", top_k=50) == []
+    assert _no_ops(tmp_path, pool="bm25", warmup="none") == []  # the default is not reported
+
+
+def test_warmup_that_never_runs_is_warned(tmp_path: Path) -> None:
+    [message] = _no_ops(tmp_path, pool="random", warmup="bm25")
+    assert "negatives.warmup bm25 is never used" in message
+    assert _no_ops(tmp_path, pool="random", warmup="bm25", warmup_steps=5) == []
+    assert _no_ops(tmp_path, pool="ann", warmup="bm25") == []
+    assert _no_ops(tmp_path, pool="random") == []  # the default warmup, not given: quiet
+
+
+def test_checkpoint_steps_follow_one_rule() -> None:
+    """Step 0, every refresh_every steps and the last: what the trainer's ranks save and what
+    the capacity plan counts (``TrainingConfig.is_checkpoint_step``)."""
+    from ance_train.config import TrainingConfig
+    from ance_train.index.capacity import run_store_bytes
+
+    training = TrainingConfig(steps=50, refresh_every=20, warmup_steps=1)
+    assert training.checkpoint_steps() == [0, 20, 40, 50]
+    assert [s for s in range(51) if training.is_checkpoint_step(s)] == [0, 20, 40, 50]
+    assert TrainingConfig(steps=40, refresh_every=20, warmup_steps=1).checkpoint_steps() == [
+        0, 20, 40]
+    cfg = parse_config({"data": {"path": "/d"}, "training": {"steps": 50, "refresh_every": 20,
+                                                             "warmup_steps": 1}})
+    need = run_store_bytes(cfg, docs=100, train_queries=10, eval_queries=0, dim=8,
+                           model_params=1000)
+    assert need.checkpoints == 4

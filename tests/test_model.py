@@ -113,7 +113,7 @@ def test_projection_head_is_saved_and_checkpoint_is_self_describing(
     assert torch.equal(head["0.weight"], model.projection[0].weight.detach())
     meta = json.loads((ckpt / META_FILE).read_text())
     assert meta == {"pooling": "cls", "projection_dim": 16, "similarity": "cosine",
-                    "temperature": 0.05}
+                    "temperature": 0.05, "query_prompt": "", "document_prompt": ""}
 
     # Loaded with the defaults (mean, no head, dot, T=1): the checkpoint's settings win.
     torch.manual_seed(123)

@@ -33,14 +33,43 @@ class Role(StrEnum):
     indexer = "indexer"
 
 
-def _load(config: Path):
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"ance-train {version('ance-train')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print the installed package's version and exit.")] = False,
+) -> None:
+    pass
+
+
+SetOption = Annotated[list[str] | None, typer.Option(
+    "--set", metavar="KEY.PATH=VALUE",
+    help="Override a config field before validation, as if written in the file (VALUE is "
+         "YAML), e.g. --set training.steps=200 or --set negatives.simans.a=0.3; repeatable.")]
+
+
+def _load(config: Path, overrides: list[str] | None = None, warn: bool = False):
+    """The validated configuration (with ``--set`` overrides); with ``warn``, its no-op
+    settings printed as warnings."""
     from ance_train.config import ConfigError, load_config
 
     try:
-        return load_config(config)
+        cfg = load_config(config, overrides or ())
     except ConfigError as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
+    if warn:
+        for message in cfg.no_op_settings():
+            err.print(f"[yellow]warning:[/] {message}")
+    return cfg
 
 
 def _check_environment(service: bool = True, redis_url: str | None = None) -> None:
@@ -96,9 +125,17 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Option("--config", "-c", help="Run configuration (YAML).")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Run configuration (YAML); with --resume, default: the one "
+                               "the run started with (RUN_DIR/config.yaml).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing run directory.")] = False,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", metavar="RUN_DIR",
+        help="Continue the interrupted run in RUN_DIR from its newest complete checkpoint, "
+             "keeping everything it produced; refused when the configuration differs in "
+             "anything but where and how fast processes run.")] = None,
     max_minutes: Annotated[float | None, typer.Option(help="Abort after this long.")] = None,
+    overrides: SetOption = None,
 ) -> None:
     """Run trainer, inferencers and indexer as local processes (the embedded mode)."""
     from ance_train.data.problems import DataError
@@ -107,14 +144,33 @@ def run(
     from ance_train.launcher.embedded import EmbeddedRun, RunAborted
     from ance_train.modeling.model import ModelLoadError
 
-    cfg = _load(config)
+    if resume is not None and overwrite:
+        err.print("[red]error:[/] --resume continues a run, --overwrite replaces it: give one")
+        raise typer.Exit(2)
+    if config is None:
+        if resume is None:
+            err.print("[red]error:[/] give --config (or --resume RUN_DIR)")
+            raise typer.Exit(2)
+        config = resume / "config.yaml"
+        if not config.is_file():
+            err.print(f"[red]error:[/] --resume: {resume} holds no embedded run to continue "
+                      f"({config.name} is missing)")
+            raise typer.Exit(1)
+    cfg = _load(config, overrides, warn=True)
+    if resume is not None:
+        run_dir = Path(cfg.output_dir) / cfg.run_id
+        if run_dir.resolve() != resume.resolve():
+            err.print(f"[red]error:[/] --resume {resume} is not the run directory of "
+                      f"{config} (output_dir/run_id: {run_dir})")
+            raise typer.Exit(2)
     # Both signals stop the run, whatever disposition was inherited: a shell that starts a job
     # in the background (`cmd &` in a script) ignores SIGINT for it, and then a `kill -INT`
     # or Ctrl-C would otherwise leave every service running.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
     try:
-        EmbeddedRun(cfg, config, overwrite=overwrite, max_minutes=max_minutes).execute()
+        EmbeddedRun(cfg, config, overwrite=overwrite, max_minutes=max_minutes,
+                    resume=resume is not None).execute()
     except (DataError, InsufficientDisk, ModelLoadError, RunAborted, StorageError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
@@ -179,12 +235,15 @@ def prepare(
     config: Annotated[Path, typer.Option("--config", "-c", envvar="ANCE_CONFIG")],
     store_dir: Annotated[str | None, typer.Option("--store-dir", envvar="ANCE_STORE_DIR")] = None,
 ) -> None:
-    """Validate the dataset and publish its index to the object store (the trainer pod's init
+    """Resolve the model (a Hub id or s3:// directory is copied into the run's store, once),
+    validate the dataset and publish its index to the object store (the trainer pod's init
     step; running it again is harmless)."""
     import tempfile
 
     from ance_train.data.problems import DataError
     from ance_train.infra.store import StorageError, store_from_env
+    from ance_train.modeling.model import ModelLoadError
+    from ance_train.modeling.source import prepare_model
     from ance_train.runtime import prepare_dataset
 
     _check_environment(service=False)
@@ -192,10 +251,15 @@ def prepare(
     try:
         store = store_from_env(cfg.run_id, store_dir)
         with tempfile.TemporaryDirectory() as cache:
+            # The model first: the services start once the dataset index is published.
+            record, kept = prepare_model(cfg.model, store, Path(cache) / "model-download")
             index = prepare_dataset(cfg, store, Path(cache))
-    except (DataError, StorageError) as error:
+    except (DataError, ModelLoadError, StorageError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
+    if record["kind"] != "local":
+        console.print(f"{'kept' if kept else 'copied'} model {record['path']} (commit "
+                      f"{record.get('commit')}) in the run's store")
     console.print(f"published the dataset index of run {cfg.run_id} to {store!r}: "
                   f"{_describe_dataset(index)}")
 
@@ -209,20 +273,25 @@ def _describe_dataset(index: DatasetIndex) -> str:
 
 
 @app.command()
-def validate(config: Annotated[Path, typer.Option("--config", "-c")]) -> None:
-    """Validate the configuration and the dataset, then print what was found."""
+def validate(config: Annotated[Path, typer.Option("--config", "-c")],
+             overrides: SetOption = None) -> None:
+    """Validate the configuration and the dataset, then print what was found (and warn of
+    settings that change nothing)."""
     import tempfile
 
     from ance_train.data.problems import DataError
     from ance_train.data.validation import validate_dataset
     from ance_train.infra.store import StorageError
     from ance_train.modeling.model import ModelLoadError, check_encoder
+    from ance_train.modeling.source import resolve_model
 
-    cfg = _load(config)
+    cfg = _load(config, overrides, warn=True)
     try:
-        check_encoder(cfg.model.path)
         with tempfile.TemporaryDirectory() as cache:
-            index = validate_dataset(cfg.data, Path(cache), seed=cfg.data.split_seed)
+            model = resolve_model(cfg.model, Path(cache) / "model")  # Hub: the HF cache
+            check_encoder(model.directory)
+            index = validate_dataset(cfg.data, Path(cache) / "data",
+                                     seed=cfg.data.split_seed)
     except (DataError, ModelLoadError, StorageError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
@@ -316,6 +385,21 @@ def _choices(name: str, model: type, field: str) -> type[StrEnum]:
 IndexType = _choices("IndexType", IndexConfig, "type")
 IvfQuantizer = _choices("IvfQuantizer", IvfConfig, "quantizer")
 EmbeddingDtype = _choices("EmbeddingDtype", InferenceConfig, "embedding_dtype")
+# inference.precision's values but auto, which the plan resolves as the inferencer would.
+PlanPrecision = StrEnum("PlanPrecision", {
+    value: value for value in get_args(InferenceConfig.model_fields["precision"].annotation)
+    if value != "auto"})
+
+
+def _planned_precision(config: InferenceConfig | None) -> str:
+    """The precision an inferencer of ``config`` (default settings without one) would encode
+    in on this machine: ``inference.precision``, ``auto`` resolved as the inferencer does."""
+    import torch
+
+    from ance_train.modeling.encoding import resolve_precision
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the inferencer's choice
+    return resolve_precision((config or InferenceConfig()).precision, device)
 
 
 @app.command()
@@ -324,10 +408,16 @@ def plan(
     train_queries: Annotated[int, typer.Option(min=1, help="Training queries mined per refresh.")],
     replicas: Annotated[int, typer.Option(min=1, help="Inferencer replicas.")] = 1,
     docs_per_s: Annotated[float | None, typer.Option(
-        min=0.001, help="Measured docs/s of one replica at --doc-tokens.")] = None,
+        min=0.001, help="Measured docs/s of one replica at --doc-tokens (rescaled when the "
+                        "config's model.max_doc_length cuts documents shorter).")] = None,
     throughput_json: Annotated[Path | None, typer.Option(
-        help="Take docs/s from a bench/encode.py or bench/refresh_scaling.py report "
-             "(rescaled to --doc-tokens).")] = None,
+        help="Take docs/s from a bench/encode.py report (its row for --precision) or a "
+             "bench/refresh_scaling.py report, rescaled to the tokens per document the run "
+             "encodes (--doc-tokens, capped at model.max_doc_length).")] = None,
+    precision: Annotated[PlanPrecision | None, typer.Option(
+        help="The inferencers' weights (the --throughput-json row); default: what "
+             "inference.precision (of --config; else auto) resolves to on this machine. "
+             "Give it to plan for another machine.")] = None,
     dim: Annotated[int, typer.Option(min=1, help="Embedding dimension.")] = 384,
     doc_tokens: Annotated[int, typer.Option(
         min=1, help="Mean tokens per document after truncation (at most max_doc_length).")] = 256,
@@ -336,6 +426,7 @@ def plan(
     index_type: Annotated[IndexType | None, typer.Option(help="Overrides the config's.")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="Run configuration: index settings, shard sizes, depths.")] = None,
+    overrides: SetOption = None,
     calibration: Annotated[Path | None, typer.Option(
         help="docs/benchmarks/indexer.json of this kind of machine (index rates).")] = None,
     store_mb_s: Annotated[float, typer.Option(min=0.001, help="Object store MB/s.")] = 200.0,
@@ -365,19 +456,27 @@ def plan(
     if (docs_per_s is None) == (throughput_json is None):
         err.print("[red]error:[/] give exactly one of --docs-per-s and --throughput-json")
         raise typer.Exit(2)
+    if overrides and config is None:
+        err.print("[red]error:[/] --set overrides fields of --config: give --config")
+        raise typer.Exit(2)
+    cfg = _load(config, overrides) if config else None
     try:
-        rate = docs_per_s
         if throughput_json is not None:
-            measured, tokens = capacity.throughput_from_benchmark(throughput_json)
-            rate = capacity.scale_throughput(measured, tokens, doc_tokens)
+            planned = (precision.value if precision is not None
+                       else _planned_precision(cfg.inference if cfg else None))
+            measured = capacity.throughput_from_benchmark(throughput_json, planned)
+        else:
+            assert docs_per_s is not None
+            measured = capacity.Throughput(docs_per_s, doc_tokens,
+                                           precision.value if precision else None,
+                                           "--docs-per-s")
         rates = (capacity.IndexRates.from_benchmark(calibration) if calibration
                  else capacity.IndexRates())
-        assert rate is not None
-        load = capacity.workload(docs=docs, dim=dim, replicas=replicas, docs_per_s=rate,
+        load = capacity.workload(docs=docs, dim=dim, replicas=replicas, measured=measured,
                                  train_queries=train_queries, eval_queries=eval_queries,
                                  doc_tokens=doc_tokens, query_tokens=query_tokens,
                                  store_mb_s=store_mb_s, model_params=model_params,
-                                 config=_load(config) if config else None,
+                                 config=cfg,
                                  index_type=index_type.value if index_type else None,
                                  ivf_quantizer=ivf_quantizer.value if ivf_quantizer else None,
                                  partitions=partitions,
@@ -404,12 +503,18 @@ def export(
         help="best (highest dev nDCG@10, never test), last, or a step number.")] = "best",
     store_dir: Annotated[str | None, typer.Option("--store-dir", envvar="ANCE_STORE_DIR")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+    push_to_hub: Annotated[str | None, typer.Option(
+        "--push-to-hub", metavar="REPO",
+        help="Also upload the exported directory to this Hugging Face Hub model repo "
+             "(org/name; created if missing; token from HF_TOKEN or `hf auth login`).")] = None,
+    private: Annotated[bool, typer.Option(
+        help="With --push-to-hub: create the repo private.")] = False,
 ) -> None:
     """Write a checkpoint as a sentence-transformers model directory with a model card."""
     import re
 
     from ance_train.infra.store import StorageError, store_from_env
-    from ance_train.modeling.export import ExportError, export_checkpoint
+    from ance_train.modeling.export import ExportError, export_checkpoint, push_export
 
     cfg = None
     if Path(run).is_file():
@@ -429,6 +534,14 @@ def export(
         raise typer.Exit(1) from None
     console.print(f"exported checkpoint {step} of run {run_id} to {written} "
                   f"(SentenceTransformer({str(written)!r}) loads it)")
+    if push_to_hub is not None:
+        try:
+            url = push_export(written, push_to_hub, private=private,
+                              message=f"ance-train export: run {run_id}, checkpoint {step}")
+        except ExportError as error:
+            err.print(f"[red]error:[/] {error}")
+            raise typer.Exit(1) from None
+        console.print(f"pushed to the Hub: {url}")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,12 @@ message that names the field, before any service starts work.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import logging
 import posixpath
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import ModuleType
@@ -201,17 +204,88 @@ class DataConfig(_Strict):
         return S3Url.parse(self.path) if self.path.startswith(S3_SCHEME) else None
 
 
+# A Hugging Face Hub model id: ``name`` or ``org/name`` (letters, digits, ``-_.``), as the Hub
+# spells them. A model.path of this form that is not an existing directory is a Hub id.
+HUB_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
+ModelSourceKind = Literal["local", "hub", "s3"]
+
+
+def model_source_kind(path: str) -> ModelSourceKind:
+    """How ``model.path`` is read (docs/models.md): ``s3://…`` is a model directory in a
+    bucket; an existing local directory wins over everything else; ``org/name`` (one ``/``,
+    Hub characters, not starting with ``.``) that is no local directory is a Hugging Face Hub
+    id; anything else is a local directory (missing: the error names it)."""
+    if path.startswith(S3_SCHEME):
+        return "s3"
+    if Path(path).expanduser().is_dir():
+        return "local"
+    if "/" in path and HUB_ID_RE.fullmatch(path) and not path.startswith("."):
+        return "hub"
+    return "local"
+
+
+def resolve_model_path(path: str, base: Path) -> str:
+    """``model.path`` of a config file in ``base``: a relative directory that exists under
+    ``base`` (or is not a Hub id) is made absolute; a Hub id and an ``s3://`` URL are kept."""
+    if path.startswith(S3_SCHEME) or Path(path).expanduser().is_absolute():
+        return path
+    local = (base / Path(path).expanduser()).resolve()
+    if local.is_dir() or model_source_kind(path) != "hub":
+        return str(local)
+    return path
+
+
 class ModelConfig(_Strict):
     """The bi-encoder (ANCE §4: BERT-Siamese with shared weights)."""
 
-    path: str = Field(default_factory=default_model_path)
-    pooling: Literal["cls", "mean"] = "mean"
+    path: str = Field(default_factory=default_model_path,
+                      description="A local model directory, a Hugging Face Hub id (org/name) or "
+                                  "s3://bucket/prefix/ of a model directory; a non-local model "
+                                  "is resolved once by `prepare` and copied into the run's "
+                                  "object store, which every role loads (docs/models.md).")
+    revision: str | None = Field(
+        None, min_length=1, description="Hub branch, tag or commit of a Hub id (default: main); "
+                                        "the commit it resolves to is recorded in the store.")
+    pooling: Literal["cls", "mean", "last_token"] = "mean"
     # ANCE appendix A.1: a projection on [CLS] followed by LayerNorm.
     projection_dim: int | None = Field(None, ge=1)
     similarity: Literal["dot", "cosine"] = "dot"
     temperature: float = Field(1.0, gt=0.0)
     max_query_length: int = Field(64, ge=4, le=8192)
     max_doc_length: int = Field(256, ge=8, le=8192)
+    query_prompt: str = Field("", description="Prepended to every query before tokenisation "
+                                              "(training, encoding, search, evaluation).")
+    document_prompt: str = Field("", description="Prepended to every document before "
+                                                 "tokenisation.")
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("model.path is empty: give a local directory, a Hugging Face Hub "
+                             "id (org/name) or s3://bucket/prefix/")
+        if value.startswith(S3_SCHEME):
+            S3Url.parse(value)  # ValueError saying what is wrong with the URL
+        return value
+
+    @model_validator(mode="after")
+    def _check_revision(self) -> ModelConfig:
+        kind = self.source_kind
+        if self.revision is not None and kind != "hub":
+            where = ("an s3:// URL" if kind == "s3" else "a local directory")
+            raise ValueError(f"model.revision ({self.revision!r}) applies to a Hugging Face Hub "
+                             f"id only; model.path {self.path!r} is {where}")
+        return self
+
+    @property
+    def source_kind(self) -> ModelSourceKind:
+        """``local``, ``hub`` or ``s3``: see :func:`model_source_kind`."""
+        return model_source_kind(self.path)
+
+    @property
+    def s3(self) -> S3Url | None:
+        """The bucket and prefix when ``path`` is ``s3://…`` (a model directory in a bucket)."""
+        return S3Url.parse(self.path).as_prefix() if self.path.startswith(S3_SCHEME) else None
 
 
 class TrainingConfig(_Strict):
@@ -248,6 +322,16 @@ class TrainingConfig(_Strict):
         None, ge=0, description="GradCache (Gao et al. 2021, arXiv 2101.06983): encode at most "
                                 "this many texts at a time with the graph; the loss is still "
                                 "that of the whole batch. None or 0: off.")
+
+    def is_checkpoint_step(self, step: int) -> bool:
+        """Whether the trainer saves a checkpoint (and so a refresh starts) after ``step``:
+        step 0 (the starting weights), every ``refresh_every`` steps and the last step. The
+        one rule the trainer's ranks and the capacity plan both follow."""
+        return step == 0 or step % self.refresh_every == 0 or step == self.steps
+
+    def checkpoint_steps(self) -> list[int]:
+        """Every step :meth:`is_checkpoint_step` saves a checkpoint at, in order."""
+        return [step for step in range(self.steps + 1) if self.is_checkpoint_step(step)]
 
     @model_validator(mode="after")
     def _check_processes(self) -> TrainingConfig:
@@ -741,11 +825,65 @@ class RunConfig(_Strict):
                              f"training.steps ({self.training.steps})")
         return self
 
+    def no_op_settings(self) -> list[str]:
+        """Settings that are valid but change nothing (or cost work whose result is never
+        used), one message each naming them; ``ance-train validate`` and ``run`` print them
+        as warnings. Settings the file does not give (defaults) are not reported."""
+        neg = self.negatives
+        pool = neg.pool_strategy
+        given = neg.model_fields_set
+        found = []
+        if neg.per_query == 0 and pool.hard_negatives:
+            work = []
+            if pool.mines_ann:
+                work.append("the indexer still mines an ANN negatives table at every refresh")
+            if neg.uses_bm25:
+                work.append("builds the BM25 table")
+            found.append(
+                f"negatives.per_query is 0: no negative of pool {neg.pool} is ever drawn"
+                + (f", yet {' and '.join(work)}" if work else "")
+                + "; set per_query > 0, or pool: in_batch")
+        if "top_k" in given and not pool.mines_ann:
+            found.append(f"negatives.top_k ({neg.top_k}) is never read: pool {neg.pool} mines "
+                         f"no ANN candidates (top_k applies to pool "
+                         f"{_pools_with('mines_ann', neg)})")
+        if ("warmup" in given and neg.warmup != "none" and neg.warmup_steps == 0
+                and not pool.mines_ann):
+            found.append(f"negatives.warmup {neg.warmup} is never used: without "
+                         f"negatives.warmup_steps it lasts until the first ANN negatives, and "
+                         f"pool {neg.pool} mines none; give warmup_steps, or warmup: none")
+        return found
+
 
 def _pools_with(flag: str, negatives: NegativesConfig) -> str:
     """The registered pools with a class flag set, as "a or b" (for messages)."""
     return " or ".join(name for name in _registry().names("pool")
                        if getattr(negatives.strategy(name), flag))
+
+
+def _sections(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """The fields of ``model`` that are sections (models) themselves; in ``negatives``, the
+    strategies' sections too."""
+    sections = {name: info.annotation for name, info in model.model_fields.items()
+                if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+    if model is NegativesConfig:
+        sections.update({name: strategy.settings_model
+                         for name, strategy in _registry().STRATEGIES.items()
+                         if strategy.settings_model is not None})
+    return sections
+
+
+def _suggestion(loc: tuple) -> str:
+    """`` (did you mean section.field?)`` for an unknown key at ``loc``: the closest name
+    (difflib) among the fields of its section, or nothing when none is close."""
+    model: type[BaseModel] | None = RunConfig
+    for part in loc[:-1]:
+        model = _sections(model).get(str(part)) if model is not None else None
+    if model is None or not loc:
+        return ""
+    names = [*model.model_fields, *(_sections(model) if model is NegativesConfig else ())]
+    match = difflib.get_close_matches(str(loc[-1]), names, n=1)
+    return f" (did you mean {'.'.join([*map(str, loc[:-1]), match[0]])}?)" if match else ""
 
 
 def _describe(error: ValidationError, source: str) -> str:
@@ -754,7 +892,7 @@ def _describe(error: ValidationError, source: str) -> str:
         field = ".".join(str(part) for part in item["loc"]) or "(top level)"
         message = item["msg"]
         if item["type"] == "extra_forbidden":
-            message = "unknown field"
+            message = "unknown field" + _suggestion(tuple(item["loc"]))
         lines.append(f"  {field}: {message}")
     return "\n".join(lines)
 
@@ -767,24 +905,100 @@ def parse_config(raw: dict, source: str = "<dict>") -> RunConfig:
         raise ConfigError(_describe(error, source)) from None
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Read and validate a YAML run configuration.
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, first_line: int, line: int) -> None:
+        super().__init__(key, first_line, line)
+        self.key, self.first_line, self.line = key, first_line, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, except that a key given twice in one mapping is an error
+    (``yaml.safe_load`` keeps the last one silently). Keys merged in with ``<<`` may still
+    be overridden by the mapping's own keys, as YAML allows."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            with contextlib.suppress(TypeError):  # an unhashable key: SafeLoader says so
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> object:
+    """The YAML document in ``path`` (safe types only); :class:`ConfigError` naming the file
+    when it is unreadable, not YAML, or gives a key twice in one mapping (both lines)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read configuration {path}: {error.strerror}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: safe types only
+    except _DuplicateKey as error:
+        raise ConfigError(f"{path}: key {error.key!r} is given twice in one mapping, at line "
+                          f"{error.first_line} and line {error.line}: keep one") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+
+
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def parse_override(text: str) -> tuple[list[str], object]:
+    """``KEY.PATH=VALUE`` (``--set``) → (the keys, the value parsed as YAML); ``ValueError``
+    saying what is wrong. YAML 1.1 reads ``5e-5`` (no dot) as a string: it is taken as a
+    number here, as it is meant."""
+    path, sep, value = text.partition("=")
+    keys = path.strip().split(".")
+    if not sep or "" in keys:
+        raise ValueError(f"--set {text!r}: expected KEY=VALUE, the key a dotted path such as "
+                         "training.steps or negatives.simans.a")
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        raise ValueError(f"--set {text!r}: the value is not YAML: {error}") from None
+    if isinstance(parsed, str) and _NUMBER.fullmatch(parsed.strip()):
+        parsed = float(parsed)
+    return keys, parsed
+
+
+def apply_overrides(raw: dict, overrides: Sequence[str]) -> None:
+    """Lay ``KEY.PATH=VALUE`` overrides (:func:`parse_override`) over a configuration mapping,
+    in order, creating the sections they name (``negatives.simans.a=0.3`` next to what the
+    file gives ``negatives.simans``); ``ValueError`` when one goes through a key that holds no
+    mapping."""
+    for override in overrides:
+        keys, value = parse_override(override)
+        target = raw
+        for depth, key in enumerate(keys[:-1]):
+            target = target.setdefault(key, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"--set {override!r}: {'.'.join(keys[:depth + 1])} is not a "
+                                 "section (it holds a value)")
+        target[keys[-1]] = value
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read and validate a YAML run configuration, with ``overrides`` (``--set KEY.PATH=VALUE``,
+    :func:`apply_overrides`) laid over the file before validation, as if written in it.
 
     Relative ``data.path`` (not an ``s3://`` URL) / ``model.path`` / ``output_dir`` (default
     ``runs``) / ``tracking.logdir`` are resolved against the directory of the file, so a
     config works from any working directory.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"cannot read configuration {path}: {error.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of fields")
+    try:
+        apply_overrides(raw, overrides)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     base = path.resolve().parent
     data = raw.get("data")
     if (isinstance(data, dict) and isinstance(data.get("path"), str)
@@ -792,14 +1006,15 @@ def load_config(path: str | Path) -> RunConfig:
         data["path"] = str((base / data["path"]).resolve())
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("path"), str):
-        model["path"] = str((base / model["path"]).resolve())
+        model["path"] = resolve_model_path(model["path"], base)  # a Hub id / s3:// stays
     tracking = raw.get("tracking")
     if isinstance(tracking, dict) and isinstance(tracking.get("logdir"), str):
         tracking["logdir"] = str((base / tracking["logdir"]).resolve())
     output_dir = raw.get("output_dir", RunConfig.model_fields["output_dir"].default)
     if isinstance(output_dir, str):
         raw["output_dir"] = str((base / output_dir).resolve())
-    return parse_config(raw, str(path))
+    source = str(path) + (f" with --set {' '.join(overrides)}" if overrides else "")
+    return parse_config(raw, source)
 
 
 def dump_config(config: RunConfig) -> str:

@@ -244,6 +244,7 @@ class Workload:
     # The indexer adds each shard as it is encoded (index.build_while_encoding): only the
     # build work encoding does not hide, plus the last shard's, stays on the refresh.
     overlap_build: bool = False
+    rate: str = ""  # where docs_per_s comes from (Throughput.describe), for the report
 
 
 @dataclass(frozen=True)
@@ -360,20 +361,55 @@ def plan(load: Workload, rates: IndexRates | None = None) -> Plan:
                 hidden_seconds=hidden)
 
 
-def throughput_from_benchmark(path: str | Path) -> tuple[float, float]:
-    """(docs/s of one replica, tokens per document it was measured at) from a
-    ``bench/encode.py`` report (``ours`` or ``ours fp32``) or a ``bench/refresh_scaling.py``
-    report (``per_replica_docs_per_s`` and ``doc_tokens``)."""
+@dataclass(frozen=True)
+class Throughput:
+    """A measured encoding rate of one inferencer replica: ``docs_per_s`` at ``tokens`` per
+    document (mean, after truncation), with the weights in ``precision`` (None: not known),
+    taken from ``source`` (a report's file and row, or the command line)."""
+
+    docs_per_s: float
+    tokens: float
+    precision: str | None
+    source: str
+
+    def at(self, doc_tokens: float) -> float:
+        """The rate at ``doc_tokens`` per document (:func:`scale_throughput`)."""
+        return scale_throughput(self.docs_per_s, self.tokens, doc_tokens)
+
+    def describe(self, doc_tokens: float) -> str:
+        """What ``plan`` says of the rate it used at ``doc_tokens``."""
+        precision = self.precision or "precision not recorded"
+        rescaled = (f", rescaled from {self.docs_per_s:,.1f} docs/s at {self.tokens:g} tokens"
+                    if doc_tokens != self.tokens else "")
+        return (f"{self.at(doc_tokens):,.1f} docs/s per replica at {doc_tokens:g} tokens/doc, "
+                f"{precision}: {self.source}{rescaled}")
+
+
+def throughput_from_benchmark(path: str | Path, precision: str = "fp32") -> Throughput:
+    """The rate of one replica from a ``bench/encode.py`` report (its row ``ours
+    <precision>``; ``ours`` in reports older than the precision rows, which were fp32) or a
+    ``bench/refresh_scaling.py`` report (``per_replica_docs_per_s`` at ``doc_tokens``, at the
+    precision it ran with)."""
     report = json.loads(Path(path).read_text())
     if "per_replica_docs_per_s" in report:
-        return float(report["per_replica_docs_per_s"]), float(report["doc_tokens"])
-    ours = [name for name in ("ours", "ours fp32") if name in report.get("results", {})]
-    if ours:
+        measured = report.get("params", {}).get("precision")
+        return Throughput(float(report["per_replica_docs_per_s"]), float(report["doc_tokens"]),
+                          measured, f"{path} (per_replica_docs_per_s)")
+    results = report.get("results", {})
+    rows = [f"ours {precision}"] + (["ours"] if precision == "fp32" else [])
+    row = next((name for name in rows if name in results), None)
+    if row is not None:
         params = report["params"]
         tokens = params.get("mean_tokens") or params["max_length"]
-        return float(report["results"][ours[0]]["docs_per_s"]), float(tokens)
+        return Throughput(float(results[row]["docs_per_s"]), float(tokens), precision,
+                          f"{path} row {row!r}")
+    ours = sorted(name for name in results if name.startswith("ours"))
+    if ours:
+        raise ValueError(f"{path} has no row for precision {precision} (rows: "
+                         f"{', '.join(ours)}): pass --precision with one of them")
     raise ValueError(f"{path}: neither a bench/encode.py nor a bench/refresh_scaling.py "
-                     "report (no results.ours[ fp32].docs_per_s or per_replica_docs_per_s)")
+                     "report (no results.ours <precision>.docs_per_s or "
+                     "per_replica_docs_per_s)")
 
 
 def scale_throughput(docs_per_s: float, measured_tokens: float, doc_tokens: float) -> float:
@@ -382,7 +418,8 @@ def scale_throughput(docs_per_s: float, measured_tokens: float, doc_tokens: floa
     return docs_per_s * measured_tokens / doc_tokens
 
 
-def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_queries: int,
+def workload(*, docs: int, dim: int, replicas: int, train_queries: int,
+             docs_per_s: float | None = None, measured: Throughput | None = None,
              eval_queries: int = 0, doc_tokens: int = 256, query_tokens: int = 32,
              store_mb_s: float = 200.0, model_params: int | None = None,
              config: RunConfig | None = None, index_type: str | None = None,
@@ -390,7 +427,9 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
              embedding_bytes: int = VECTOR_BYTES, indexer_cpus: int | None = None,
              overlap_build: bool | None = None) -> Workload:
     """A :class:`Workload`; a run configuration supplies the index settings, shard sizes,
-    mining and evaluation depths and caps the token counts at the model's max lengths."""
+    mining and evaluation depths and caps the token counts at the model's max lengths.
+    The encoding rate is ``docs_per_s`` (at the capped ``doc_tokens``) or a ``measured``
+    :class:`Throughput`, rescaled to the tokens left after the cap."""
     extra: dict = {}
     index = config.index if config else IndexConfig()
     if overlap_build is None:  # the config's (index.build_while_encoding)
@@ -412,7 +451,13 @@ def workload(*, docs: int, dim: int, replicas: int, docs_per_s: float, train_que
         if ivf_quantizer is not None:
             settings["ivf"] = {**settings.get("ivf", {}), "quantizer": ivf_quantizer}
         index = IndexConfig.model_validate(settings)
-    return Workload(docs=docs, dim=dim, replicas=replicas, docs_per_s=docs_per_s,
+    if (docs_per_s is None) == (measured is None):
+        raise ValueError("give the encoding rate once: docs_per_s or a measured throughput")
+    rate = ""
+    if measured is not None:  # after the cap: the rate of the documents the run encodes
+        docs_per_s, rate = measured.at(doc_tokens), measured.describe(doc_tokens)
+    assert docs_per_s is not None
+    return Workload(docs=docs, dim=dim, replicas=replicas, docs_per_s=docs_per_s, rate=rate,
                     train_queries=train_queries, eval_queries=eval_queries,
                     doc_tokens=doc_tokens, query_tokens=query_tokens, store_mb_s=store_mb_s,
                     model_params=model_params or MINILM_PARAMS, index=index,
@@ -448,8 +493,10 @@ def render(load: Workload, result: Plan, rates: IndexRates) -> str:
              f"{load.docs_per_s:,.1f} docs/s each ({load.doc_tokens} tokens/doc), "
              f"{load.train_queries:,} training + {load.eval_queries:,} eval queries, "
              f"index {load.index.type}{quantizer} in {load.partitions} partition(s) of "
-             f"{cpus} cores, {load.embedding_bytes}-byte embedding values", "",
-             "refresh (checkpoint saved → negatives ready):"]
+             f"{cpus} cores, {load.embedding_bytes}-byte embedding values"]
+    if load.rate:
+        lines.append(f"encoding rate: {load.rate}")
+    lines += ["", "refresh (checkpoint saved → negatives ready):"]
     for name, seconds in result.seconds.items():
         share = seconds / result.refresh_s if result.refresh_s else 0.0
         lines.append(f"  {name:<20} {_duration(seconds):>10}  {share:6.1%}")
@@ -501,8 +548,7 @@ def run_store_bytes(config: RunConfig, *, docs: int, train_queries: int, eval_qu
                     train_queries=train_queries, eval_queries=eval_queries,
                     model_params=model_params, config=config, embedding_bytes=embedding_bytes)
     per = plan(load).storage_bytes
-    steps, every = config.training.steps, config.training.refresh_every
-    checkpoints = 1 + math.ceil(steps / every)  # step 0, every refresh_every, the last step
+    checkpoints = len(config.training.checkpoint_steps())  # the trainer's own rule
     keep_c, keep_r = config.store.keep_checkpoints, config.store.keep_refreshes
     kept_c = checkpoints if keep_c is None else min(checkpoints, keep_c + 2)
     kept_r = checkpoints if keep_r is None else min(checkpoints, keep_r + 1)

@@ -151,7 +151,7 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
             model, tokenizer = self.models.get(served.step)
             from ance_train.modeling.encoding import encode_texts  # transformers: on use
 
-            vectors = encode_texts(model, tokenizer, list(request.queries),
+            vectors = encode_texts(model, tokenizer, list(request.queries), kind="query",
                                    max_length=self.max_query_length, device=self.models.device)
         local = PARTITION_LOCAL in tuple(context.invocation_metadata() or ())
         ranked, scores = served.index.search(vectors, request.k, self.limits.batch_queries,

@@ -152,12 +152,12 @@ class Inferencer:
             if item.kind is ShardKind.CORPUS:
                 ids = np.arange(item.start, item.stop, dtype=np.int64)
                 texts = [text for _, text in ctx.corpus.iter_range(item.start, item.stop)]
-                max_length = cfg.model.max_doc_length
+                max_length, kind = cfg.model.max_doc_length, "document"
             else:  # query shards carry the query ids, so no reader relies on an order
                 ids = np.array(self.query_ids[item.start:item.stop], dtype=np.str_)
                 texts = [ctx.dataset.queries[q] for q in ids]
-                max_length = cfg.model.max_query_length
-            vectors = encode_texts(model, tokenizer, texts, max_length=max_length,
+                max_length, kind = cfg.model.max_query_length, "query"
+            vectors = encode_texts(model, tokenizer, texts, max_length=max_length, kind=kind,
                                    batch_size=cfg.inference.batch_size, device=self.device,
                                    max_tokens_per_batch=self.max_tokens_per_batch,
                                    progress=self._progress(), background=True)

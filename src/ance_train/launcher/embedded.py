@@ -44,6 +44,7 @@ from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.launcher.supervisor import CrashLoop, Supervisor
 from ance_train.modeling.model import check_encoder
+from ance_train.modeling.source import ResolvedModel, publish_model, resolve_model
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
 from ance_train.protocol import keys
 from ance_train.protocol.events import EvalCompleted, RunFinished
@@ -130,13 +131,47 @@ class RunResult:
     restarts: list[dict] = field(default_factory=list)  # supervisor.Restart, as dicts
 
 
+# What may differ between an interrupted run's stored configuration and the one it resumes
+# with (``ance-train run --resume``): where and how fast the processes run, never what they
+# compute. Everything else would make the resumed steps, tables or metrics another run's.
+RESUME_SAFE_FIELDS = ("output_dir", "services", "tracking", "index.search",
+                      "inference.replicas", "inference.torch_threads",
+                      "inference.claim_timeout_s", "inference.max_attempts",
+                      "training.torch_threads", "training.torch_threads_between_refreshes",
+                      "training.max_restarts")
+
+
+def _flat(values: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(values, dict) and values:
+        return {key: value for name, item in values.items()
+                for key, value in _flat(item, f"{prefix}{name}.").items()}
+    return {prefix.rstrip("."): values}
+
+
+def resume_conflicts(stored: RunConfig, config: RunConfig) -> list[str]:
+    """The fields (dotted paths) in which ``config`` differs from an interrupted run's
+    ``stored`` configuration, other than :data:`RESUME_SAFE_FIELDS`, each as
+    ``"path: stored → new"``."""
+    before, after = _flat(stored.model_dump(mode="json")), _flat(config.model_dump(mode="json"))
+    changed = sorted(key for key in before.keys() | after.keys()
+                     if before.get(key, "(absent)") != after.get(key, "(absent)"))
+    return [f"{key}: {before.get(key, '(absent)')!r} → {after.get(key, '(absent)')!r}"
+            for key in changed
+            if not any(key == safe or key.startswith(safe + ".") for safe in RESUME_SAFE_FIELDS)]
+
+
 class EmbeddedRun:
     def __init__(self, config: RunConfig, config_path: Path, overwrite: bool = False,
-                 max_minutes: float | None = None) -> None:
+                 max_minutes: float | None = None, resume: bool = False) -> None:
+        """``resume``: continue the interrupted run in the run directory from its newest
+        complete checkpoint (:meth:`_check_resumable`), keeping everything it produced."""
+        if resume and overwrite:
+            raise ValueError("resume and overwrite exclude each other")
         self.config = config
         self.config_path = config_path
         self.run_dir = Path(config.output_dir) / config.run_id
         self.overwrite = overwrite
+        self.resume = resume
         self.max_minutes = max_minutes
         self.children: list[Child] = []
         self.redis: RedisServer | None = None
@@ -149,11 +184,15 @@ class EmbeddedRun:
     def prepare(self) -> None:
         """Validate everything first: a bad config, model or dataset never touches an existing
         run."""
-        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not self.overwrite:
+        if self.resume:
+            self._check_resumable()
+        elif self.run_dir.exists() and any(self.run_dir.iterdir()) and not self.overwrite:
             raise RunAborted(f"run directory {self.run_dir} already exists; pass --overwrite "
-                             "to replace it or change run_id")
+                             "to replace it, --resume to continue it, or change run_id")
         shared_store, stale = self._stale_store_objects()
-        check_encoder(self.config.model.path)
+        # A Hub id / s3:// model is resolved once, here, before any work; the services train
+        # from the copy published into the run's store below (modeling/source.py).
+        self.base_model = self._resolve_model()
         staging = self.run_dir.parent / f".{self.config.run_id}.validating"
         shutil.rmtree(staging, ignore_errors=True)
         try:
@@ -162,18 +201,25 @@ class EmbeddedRun:
                                                 seed=self.config.data.split_seed)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            self.base_model.cleanup()
             raise
         try:
+            if self.resume:
+                self._check_same_dataset(shared_store, staging)
             self._check_disk(staging)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            self.base_model.cleanup()
             raise
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-        for key in stale:
-            shared_store.delete(key)
-        self.run_dir.mkdir(parents=True)
-        (self.run_dir / "logs").mkdir()
-        staging.rename(self.run_dir / "cache")
+        if self.resume:  # the run's own cache, identical (checked), stays
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            for key in stale:
+                shared_store.delete(key)
+            self.run_dir.mkdir(parents=True)
+            (self.run_dir / "logs").mkdir()
+            staging.rename(self.run_dir / "cache")
         for warning in self.dataset.warnings:
             console.print(f"[yellow]warning:[/] {warning}")
         console.print(f"dataset: {self.dataset.num_docs} docs, {len(self.dataset.train)} train / "
@@ -187,7 +233,12 @@ class EmbeddedRun:
         # TensorBoard files go straight into the run directory (tracking.logdir wins).
         self.env[TENSORBOARD_DIR_VAR] = str((self.run_dir / "tensorboard").resolve())
         self.store = store_from_env(self.config.run_id, str(self.store_dir))
-        publish_dataset(self.store, self.run_dir / "cache")
+        try:
+            publish_model(self.store, self.base_model)
+        finally:
+            self.base_model.cleanup()
+        if not self.resume:  # a resumed run's services read the index it published
+            publish_dataset(self.store, self.run_dir / "cache")
         # The private Redis takes ANCE_REDIS_PASSWORD when the shell has one, so that the
         # services, this monitor and `ance-train status` (which all read it) can authenticate;
         # the password never goes into a URL or a file.
@@ -197,6 +248,18 @@ class EmbeddedRun:
         self.env["ANCE_REDIS_URL"] = self.redis_url
         (self.run_dir / "endpoints.json").write_text(json.dumps({"redis_url": self.redis_url}))
 
+    def _resolve_model(self) -> ResolvedModel:
+        """The base model as a local directory (downloaded when it is a Hub id or s3://),
+        checked to be a text encoder with its tokenizer."""
+        scratch = self.run_dir.parent / f".{self.config.run_id}.model"
+        resolved = resolve_model(self.config.model, scratch)
+        try:
+            check_encoder(resolved.directory)
+        except BaseException:
+            resolved.cleanup()
+            raise
+        return resolved
+
     def _check_disk(self, staging: Path, disk_usage: DiskUsageFn = shutil.disk_usage) -> None:
         """Refuse to start when the run directory's disk cannot hold what the run will store
         (``plan``'s sizes times retention; the trainer's two local checkpoint copies besides):
@@ -204,7 +267,7 @@ class EmbeddedRun:
         if "ANCE_S3_ENDPOINT" in os.environ:
             return
         cfg, dataset = self.config, self.dataset
-        params, dim = encoder_size(cfg.model.path, cfg.model.projection_dim)
+        params, dim = encoder_size(self.base_model.directory, cfg.model.projection_dim)
         eval_queries = sum(len(getattr(dataset, split)) for split in cfg.index.eval_splits)
         need = run_store_bytes(cfg, docs=dataset.num_docs, train_queries=len(dataset.train),
                                eval_queries=eval_queries, dim=dim, model_params=params,
@@ -223,14 +286,57 @@ class EmbeddedRun:
             + ("inference.embedding_dtype float16, "
                if cfg.inference.embedding_dtype == "float32" else "")
             + "or an output_dir on a larger disk.",
-            reclaimable=tree_bytes(self.run_dir) if self.overwrite else 0,
+            # --overwrite frees the old run; a resumed run's objects count towards its need.
+            reclaimable=tree_bytes(self.run_dir) if self.overwrite or self.resume else 0,
             disk_usage=disk_usage)
+
+    def _check_resumable(self) -> None:
+        """``--resume``: the run directory holds an embedded run that did not finish, and the
+        configuration differs from the one it ran with in safe fields only
+        (:data:`RESUME_SAFE_FIELDS`); else :class:`RunAborted` saying why, touching nothing.
+        The services then resume as after a crash: the trainer from the newest complete
+        checkpoint (weights, optimizer, RNG, batch position, negatives tables and records:
+        trainer/training_state.py), the indexer and inferencers from the streams kept in the
+        run's Redis data (``redis/``) and the objects in its store."""
+        from ance_train.config import ConfigError, load_config
+
+        stored_path = self.run_dir / "config.yaml"
+        if not stored_path.is_file():
+            raise RunAborted(f"--resume: {self.run_dir} holds no embedded run to continue "
+                             f"({stored_path.name} is missing)")
+        try:
+            stored = load_config(stored_path)
+        except ConfigError as error:
+            raise RunAborted(f"--resume: the run's stored configuration is unreadable: "
+                             f"{error}") from None
+        conflicts = resume_conflicts(stored, self.config)
+        if conflicts:
+            raise RunAborted(
+                f"--resume {self.run_dir}: the configuration differs from the one the run "
+                f"started with ({stored_path}) in " + "; ".join(conflicts)
+                + ". Only these may change on resume: " + ", ".join(RESUME_SAFE_FIELDS))
+        summary = self.run_dir / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text()).get(
+                "trainer", {}).get("finished"):
+            raise RunAborted(f"--resume: run {self.config.run_id} in {self.run_dir} already "
+                             "finished; nothing to continue")
+
+    def _check_same_dataset(self, store: ObjectStore, staging: Path) -> None:
+        """``--resume``: the dataset, validated again, gives the index the run published
+        (else its documents and queries are not the ones its checkpoints and tables index)."""
+        for key, name in ((keys.DATASET_INDEX, keys.DATASET_INDEX_FILE),
+                          (keys.DOC_OFFSETS, keys.DOC_OFFSETS_FILE)):
+            if not store.exists(key) or store.get_bytes(key) != (staging / name).read_bytes():
+                raise RunAborted(f"--resume: the dataset at {self.config.data.path} is not the "
+                                 f"one run {self.config.run_id} started on (its {key} in the "
+                                 "store differs or is missing)")
 
     def _stale_store_objects(self) -> tuple[ObjectStore, list[str]]:
         """Objects an earlier run with this run_id left in S3 (a local store lives in the run
-        directory). A new run would resume from its checkpoints: refused unless --overwrite."""
+        directory). A new run would resume from its checkpoints: refused unless --overwrite
+        (or --resume, which continues from them)."""
         store = store_from_env(self.config.run_id, str(self.run_dir / "store"))
-        stale = [] if isinstance(store, LocalStore) else store.list()
+        stale = [] if isinstance(store, LocalStore) or self.resume else store.list()
         if stale and not self.overwrite:
             raise RunAborted(f"the object store already holds {len(stale)} objects of run "
                              f"{self.config.run_id!r}; pass --overwrite to replace them or "

@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ance_train.modeling.model import BiEncoder
+from ance_train.modeling.model import BiEncoder, TextKind, tokenize
 from ance_train.modeling.precision import autocast_context
 
 Precision = Literal["auto", "fp32", "bf16", "int8"]
@@ -124,14 +124,18 @@ def padded_batches(
     batch_size: int,
     max_tokens_per_batch: int | None = None,
     chunk: int | None = None,
+    prompt: str = "",
 ) -> Iterator[Batch]:
-    """Tokenise ``texts`` (in chunks of ``chunk`` texts, or all at once) and yield
-    length-sorted batches, each right-padded to its own longest row."""
+    """Tokenise ``texts`` (in chunks of ``chunk`` texts, or all at once), ``prompt``
+    prepended to each (:func:`~ance_train.modeling.model.tokenize`), and yield length-sorted
+    batches, each right-padded to its own longest row."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     step = chunk or max(len(texts), 1)
     for offset in range(0, len(texts), step):
-        input_ids = tokenizer(
-            list(texts[offset:offset + step]),
+        input_ids = tokenize(
+            tokenizer,
+            texts[offset:offset + step],
+            prompt,
             truncation=True,
             max_length=max_length,
             padding=False,
@@ -201,6 +205,7 @@ def encode_texts(
     dtype: torch.dtype | None = None,
     progress: Callable[[int], None] | None = None,
     background: bool = False,
+    kind: TextKind | None = None,
 ) -> np.ndarray:
     """Embed ``texts``; returns float32 ``[len(texts), model.dim]`` in the order of ``texts``.
 
@@ -209,7 +214,9 @@ def encode_texts(
     :func:`~ance_train.modeling.precision.autocast_dtype`, bf16 on CUDA where supported, none
     elsewhere; pass ``torch.float32`` to disable it). ``background`` tokenises chunks of
     :data:`BACKGROUND_CHUNK` texts on a background thread while the model runs. ``progress``
-    is called with the number of texts finished after every batch. The model's train/eval
+    is called with the number of texts finished after every batch. ``kind`` (``query`` or
+    ``document``) prepends the model's prompt of that kind (``model.query_prompt`` /
+    ``model.document_prompt``); None encodes the texts as they are. The model's train/eval
     mode is restored on return.
     """
     device = torch.device(device)
@@ -217,7 +224,8 @@ def encode_texts(
     if not texts:
         return out
     batches = padded_batches(tokenizer, texts, max_length, batch_size, max_tokens_per_batch,
-                             chunk=BACKGROUND_CHUNK if background else None)
+                             chunk=BACKGROUND_CHUNK if background else None,
+                             prompt=model.prompt(kind))
     if background:
         batches = in_background(batches)
     autocast = autocast_context(dtype, device)

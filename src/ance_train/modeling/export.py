@@ -8,6 +8,10 @@ checkpoint's dev/test metrics from ``eval/<step>.json``, the training configurat
 method and its paper, how it was evaluated), ``ance_train_config.yaml`` (the run's
 configuration) and ``eval_results.json`` (the eval report, as the indexer wrote it).
 
+``--push-to-hub REPO`` then uploads the directory to a Hugging Face Hub model repo
+(:func:`push_export`: ``HfApi.create_repo`` + ``upload_folder``; ``HF_ENDPOINT`` and
+``HF_TOKEN`` as huggingface_hub reads them).
+
 ``best`` is the checkpoint with the highest dev nDCG@10 (never test: the test split is only
 reported); ``last`` the newest complete checkpoint; a number that exact step.
 """
@@ -173,10 +177,34 @@ def export_checkpoint(store: ObjectStore, which: str, out: Path,
     return step, out
 
 
+def push_export(directory: Path, repo_id: str, private: bool = False,
+                message: str = "ance-train export") -> str:
+    """Upload an exported model directory to the Hub model repo ``repo_id`` (created when
+    missing); returns the commit's URL. Errors become :class:`ExportError` naming the repo."""
+    from huggingface_hub import HfApi
+
+    # errors.HTTPError: the HTTP client's base error (connection failures, HfHubHTTPError).
+    from huggingface_hub.errors import HFValidationError, HTTPError, LocalTokenNotFoundError
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        commit = api.upload_folder(repo_id=repo_id, repo_type="model",
+                                   folder_path=str(directory), commit_message=message)
+    except (HTTPError, HFValidationError, LocalTokenNotFoundError) as error:
+        raise ExportError(f"cannot push {directory} to the Hub repo {repo_id!r} "
+                          f"({api.endpoint}): {error}") from None
+    return str(commit.commit_url)
+
+
 # -- the model card -------------------------------------------------------------------------
 def base_model(config: RunConfig | None) -> str | None:
     """The Hub id of the model training started from, where it can be told."""
     if config is None:
+        return None
+    if config.model.source_kind == "hub":
+        return config.model.path
+    if config.model.source_kind == "s3":
         return None
     path = Path(config.model.path)
     if path.resolve() == Path(default_model_path()).resolve():

@@ -7,7 +7,17 @@ pooled vector followed by LayerNorm — is optional.
 Checkpoints are plain Hugging Face directories (``model.safetensors`` + config + tokenizer)
 with the sentence-transformers module files beside them, so both libraries load them.
 The optional head is stored in ``ance_head.safetensors``; ``ance_model.json`` records
-pooling / similarity / head so a checkpoint is self-describing.
+pooling / similarity / head / prompts so a checkpoint is self-describing.
+
+Text becomes tokens in one place, :func:`tokenize`: the query or document prompt
+(``model.query_prompt`` / ``model.document_prompt``) is prepended to every text there — as
+sentence-transformers does for ``encode(..., prompt_name=...)`` — for training batches,
+corpus / query encoding, search and evaluation alike.
+
+Pooling ``last_token`` (decoder embedders) takes the hidden state of each row's last real
+token (the last position whose attention mask is 1), so left and right padding give the same
+vectors; position ids are counted over the real tokens only, so a left-padded row is encoded
+exactly like the same row unpadded.
 
 Weights are only ever read from safetensors files: a directory that holds only pickle-based
 weights (``pytorch_model.bin``) is refused, because unpickling can run arbitrary code.
@@ -15,8 +25,11 @@ weights (``pytorch_model.bin``) is refused, because unpickling can run arbitrary
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -34,6 +47,8 @@ from ance_train.config import ModelConfig
 HEAD_FILE = "ance_head.safetensors"
 META_FILE = "ance_model.json"
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+ST_CONFIG_FILE = "config_sentence_transformers.json"
+TextKind = Literal["query", "document"]
 
 
 class ModelLoadError(ValueError):
@@ -50,12 +65,20 @@ class BiEncoder(nn.Module):
         projection_dim: int | None = None,
         similarity: str = "dot",
         temperature: float = 1.0,
+        query_prompt: str = "",
+        document_prompt: str = "",
     ) -> None:
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
         self.similarity = similarity
         self.temperature = temperature
+        self.query_prompt = query_prompt
+        self.document_prompt = document_prompt
+        # last_token pooling counts positions over the real tokens (left padding), where the
+        # encoder takes position ids.
+        self._position_ids = (pooling == "last_token" and "position_ids" in
+                              inspect.signature(encoder.forward).parameters)
         hidden = int(encoder.config.hidden_size)
         self.projection: nn.Module | None = None
         if projection_dim is not None:
@@ -74,12 +97,15 @@ class BiEncoder(nn.Module):
         projection_dim = meta.get("projection_dim", config.projection_dim)
         similarity = meta.get("similarity", config.similarity)
         temperature = meta.get("temperature", config.temperature)
+        query_prompt = meta.get("query_prompt", config.query_prompt)
+        document_prompt = meta.get("document_prompt", config.document_prompt)
         try:
             encoder = AutoModel.from_pretrained(path, config=hf_config, local_files_only=True,
                                                 use_safetensors=True)
         except (OSError, ValueError, KeyError) as error:
             raise ModelLoadError(f"model directory {path}: cannot load encoder: {error}") from None
-        model = cls(encoder, pooling, projection_dim, similarity, temperature)
+        model = cls(encoder, pooling, projection_dim, similarity, temperature, query_prompt,
+                    document_prompt)
         if model.projection is not None and (path / HEAD_FILE).is_file():
             model.projection.load_state_dict(load_file(str(path / HEAD_FILE)))
         return model
@@ -87,9 +113,16 @@ class BiEncoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Embeddings ``[batch, dim]`` (L2-normalised, in float32, when the similarity is
         cosine)."""
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        extra: dict[str, Any] = {}
+        if self._position_ids:
+            extra["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                              **extra).last_hidden_state
         if self.pooling == "cls":
             pooled = hidden[:, 0]
+        elif self.pooling == "last_token":
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device),
+                            last_token_index(attention_mask)]
         else:
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
@@ -100,6 +133,16 @@ class BiEncoder(nn.Module):
             # in float32 so that a bf16 model's rows are unit vectors too.
             pooled = nn.functional.normalize(pooled.float(), p=2, dim=-1)
         return pooled
+
+    def prompt(self, kind: TextKind | None) -> str:
+        """The prompt prepended to texts of ``kind`` (None: raw texts, no prompt)."""
+        if kind is None:
+            return ""
+        if kind == "query":
+            return self.query_prompt
+        if kind == "document":
+            return self.document_prompt
+        raise ValueError(f"text kind must be query or document, got {kind!r}")
 
     def score(self, queries: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
         """All-pairs relevance ``[n_queries, n_docs]``."""
@@ -116,6 +159,8 @@ class BiEncoder(nn.Module):
             "projection_dim": None if self.projection is None else self.dim,
             "similarity": self.similarity,
             "temperature": self.temperature,
+            "query_prompt": self.query_prompt,
+            "document_prompt": self.document_prompt,
         }
         (directory / META_FILE).write_text(json.dumps(meta, indent=2))
         if self.projection is not None:
@@ -126,11 +171,29 @@ class BiEncoder(nn.Module):
         _write_sentence_transformers_files(directory, self)
 
 
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per row, the position of the last token whose mask is 1 (left or right padding)."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return (attention_mask.long() * positions).argmax(dim=1)
+
+
+def tokenize(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], prompt: str = "",
+             **kwargs: Any) -> Any:
+    """The one place text becomes tokens: ``prompt`` is prepended to every text (string
+    concatenation, as sentence-transformers applies a prompt), then the tokenizer runs with
+    ``kwargs``; truncation cuts the text's end, never the prompt."""
+    return tokenizer([prompt + text for text in texts] if prompt else list(texts), **kwargs)
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"model directory {path}: cannot load tokenizer: {error}") from None
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        # Decoder tokenizers (GPT-2, Llama) have no pad token; padding is masked out anyway.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def check_encoder(path: str | Path) -> None:
@@ -208,10 +271,20 @@ def _write_sentence_transformers_files(directory: Path, model: BiEncoder) -> Non
                 "pooling_mode_mean_tokens": model.pooling == "mean",
                 "pooling_mode_max_tokens": False,
                 "pooling_mode_mean_sqrt_len_tokens": False,
+                "pooling_mode_lasttoken": model.pooling == "last_token",
             },
             indent=2,
         )
     )
+    # The prompts as sentence-transformers names them: encode(..., prompt_name="query") and
+    # encode_query / encode_document prepend them; plain encode() applies the document prompt
+    # (default_prompt_name) when there is one, as ance-train encodes the corpus.
+    (directory / ST_CONFIG_FILE).write_text(json.dumps({
+        "model_type": "SentenceTransformer",
+        "prompts": {"query": model.query_prompt, "document": model.document_prompt},
+        "default_prompt_name": "document" if model.document_prompt else None,
+        "similarity_fn_name": model.similarity,
+    }, indent=2))
     (directory / "sentence_bert_config.json").write_text(
         json.dumps(
             {

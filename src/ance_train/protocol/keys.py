@@ -25,6 +25,13 @@ TRAINER_SUMMARY = "trainer/summary.json"
 RUN_CONFIG = "config.yaml"
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
+# The base model when ``model.path`` is a Hugging Face Hub id or an ``s3://`` directory:
+# resolved once by `ance-train prepare` (or the embedded launcher) and copied here, a model
+# directory + MANIFEST.json, so that every role trains / encodes / exports the same snapshot
+# (modeling/source.py); BASE_MODEL_SOURCE records where it came from (path, revision, the
+# Hub commit it resolved to), written after the directory is complete.
+BASE_MODEL = "model/base"
+BASE_MODEL_SOURCE = "model/source.json"
 
 
 def checkpoint(step: int) -> str:

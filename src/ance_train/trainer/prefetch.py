@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ance_train.data.corpus import Corpus
+from ance_train.modeling.model import tokenize
 from ance_train.trainer.batches import TrainingBatch
 from ance_train.trainer.distributed import RankShard, shard_batch
 
@@ -83,12 +84,17 @@ class BatchPreparer:
 
     ``background=False`` prepares at ``submit``, on the caller's thread (the sequential order;
     ``bench/trainer_overhead.py`` compares the two). Call :meth:`close` when the loop ends.
+    ``query_prompt`` / ``document_prompt`` are prepended to queries (dual ones too) and
+    documents, as every other encoding does (``model.query_prompt``, ``model.document_prompt``).
     """
 
     def __init__(self, tokenizer: Any, corpus: Corpus, max_query_length: int,
                  max_doc_length: int, rank: int = 0, world_size: int = 1,
-                 background: bool = True) -> None:
+                 background: bool = True, query_prompt: str = "",
+                 document_prompt: str = "") -> None:
         self.tokenizer = tokenizer
+        self.query_prompt = query_prompt
+        self.document_prompt = document_prompt
         self.corpus = corpus
         self.max_query_length = max_query_length
         self.max_doc_length = max_doc_length
@@ -102,12 +108,12 @@ class BatchPreparer:
         """The work itself: slice, read the documents' texts, tokenise."""
         started = time.perf_counter()
         shard = shard_batch(planned.batch, self.rank, self.world_size)
-        queries = self.tokenizer(shard.query_texts + shard.dual_query_texts, padding=True,
-                                 truncation=True, max_length=self.max_query_length,
-                                 return_tensors="pt")
-        docs = self.tokenizer(self.corpus.texts(shard.doc_indices), padding=True,
-                              truncation=True, max_length=self.max_doc_length,
-                              return_tensors="pt")
+        queries = tokenize(self.tokenizer, shard.query_texts + shard.dual_query_texts,
+                           self.query_prompt, padding=True, truncation=True,
+                           max_length=self.max_query_length, return_tensors="pt")
+        docs = tokenize(self.tokenizer, self.corpus.texts(shard.doc_indices),
+                        self.document_prompt, padding=True, truncation=True,
+                        max_length=self.max_doc_length, return_tensors="pt")
         return StepInputs(shard, queries["input_ids"], queries["attention_mask"],
                           docs["input_ids"], docs["attention_mask"],
                           prepare_ms=(time.perf_counter() - started) * 1000)

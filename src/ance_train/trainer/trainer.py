@@ -30,7 +30,6 @@ import signal
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 import torch
 from transformers import get_linear_schedule_with_warmup
@@ -41,6 +40,7 @@ from ance_train.infra.process import die_with_parent
 from ance_train.infra.store import StorageError
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.modeling.precision import autocast_context
+from ance_train.modeling.source import base_model_dir
 from ance_train.negatives.strategies.random import RandomNegatives
 from ance_train.observability.telemetry import TrainerTelemetry
 from ance_train.observability.tracking import Tracking, open_tracking
@@ -123,17 +123,20 @@ class Trainer:
                                              ctx.work_dir)
         # Every rank resumes from the checkpoint rank 0 found (not from one rank 0 wrote since).
         self.resumed_from = broadcast_object(latest_complete_checkpoint(ctx.store), self.dist)
-        model_dir = Path(cfg.model.path)
         if self.resumed_from is not None:
             ctx.log.info("resuming from checkpoint %d", self.resumed_from)
             model_dir = self.publisher.fetch(self.resumed_from)
+        else:  # model.path, or the run's stored copy of a Hub / s3:// model (modeling/source)
+            model_dir = base_model_dir(cfg.model, ctx.store, ctx.work_dir / "base-model")
         self.tokenizer = load_tokenizer(model_dir)
+        self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
         # Reads and tokenises the next batch while a step computes; its own tokenizer (the
         # loop's thread saves ``self.tokenizer`` into checkpoints meanwhile).
         self.preparer = BatchPreparer(load_tokenizer(model_dir), ctx.corpus,
                                       cfg.model.max_query_length, cfg.model.max_doc_length,
-                                      self.dist.rank, self.dist.world_size)
-        self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
+                                      self.dist.rank, self.dist.world_size,
+                                      query_prompt=self.model.query_prompt,
+                                      document_prompt=self.model.document_prompt)
         # What a step trains through: DDP over the pair encoder with several ranks.
         self.encoder = data_parallel(PairEncoder(self.model), self.dist)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
@@ -269,8 +272,7 @@ class Trainer:
                 self.record.hard_negatives.append(current.batch.hard_negatives)
                 self._log_step(loss, gap, current.table_step, current.negatives_ms,
                                time.monotonic() - started)
-                if (self.step % cfg.training.refresh_every == 0
-                        or self.step == cfg.training.steps):
+                if cfg.training.is_checkpoint_step(self.step):
                     self._checkpoint(self.step, upcoming)
         finally:
             self.preparer.close()
@@ -330,8 +332,7 @@ class Trainer:
                 self.record.losses.append(loss)
                 self.record.dual_losses.append(dual_loss)
                 self.ctx.state.update(step=self.step, done=self.step, metrics={"loss": loss})
-                if (self.step % cfg.training.refresh_every == 0
-                        or self.step == cfg.training.steps):
+                if cfg.training.is_checkpoint_step(self.step):
                     self._gather_rng()  # rank 0 saves a checkpoint
         finally:
             self.preparer.close()

@@ -383,6 +383,16 @@ class S3Reader:
                                 lambda: self.client.minio.stat_object(self.bucket, key))
         return int(stat.size or 0)
 
+    def list(self, prefix: str) -> dict[str, int]:
+        """Every object under ``prefix`` (full keys, recursively) with its size in bytes."""
+        def op() -> dict[str, int]:
+            return {obj.object_name: int(obj.size or 0)
+                    for obj in self.client.minio.list_objects(self.bucket, prefix=prefix,
+                                                              recursive=True)
+                    if obj.object_name is not None and not obj.is_dir}
+
+        return self.client.call(f"list {self.url(prefix)}", op)
+
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         """Bytes ``offset`` to ``offset + length - 1`` in one ranged GET (retried whole)."""
         if length <= 0:  # minio reads a length of 0 as "to the end"
