@@ -439,7 +439,8 @@ def run_checks(run) -> dict:
     dataset = load_dataset_index(run.run_dir / "cache")
     checks: dict[str, dict] = {}
 
-    announced = {t.__name__: Counter(e.step for e in bus.history(t))
+    # The BM25 warm-up's negatives.ready has no checkpoint (step None): not a refresh.
+    announced = {t.__name__: Counter(e.step for e in bus.history(t) if e.step is not None)
                  for t in (NegativesReady, EvalCompleted)}
     twice = {name: {s: n for s, n in c.items() if n > 1} for name, c in announced.items()}
     steps = sorted(announced["NegativesReady"])
