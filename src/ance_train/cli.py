@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ance_train.config import IndexConfig, InferenceConfig, IvfConfig
@@ -542,6 +543,170 @@ def export(
             err.print(f"[red]error:[/] {error}")
             raise typer.Exit(1) from None
         console.print(f"pushed to the Hub: {url}")
+
+
+class NegativesFormat(StrEnum):
+    sentence_transformers = "sentence-transformers"
+    tevatron = "tevatron"
+
+
+@app.command("export-negatives")
+def export_negatives(
+    run: Annotated[Path, typer.Option(
+        "--run", metavar="RUN_DIR", help="The embedded run's directory (output_dir/run_id: "
+                                        "config.yaml and store/).")],
+    checkpoint: Annotated[str, typer.Option(
+        help="Whose negatives: the step of the checkpoint whose index mined them "
+             "(negatives/<step> in the store), or bm25 (the warm-up table).")],
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", help="sentence-transformers: a .jsonl file, else a datasets folder "
+                            "(save_to_disk); tevatron: a .jsonl file.")],
+    fmt: Annotated[NegativesFormat, typer.Option(
+        "--format", help="sentence-transformers: (anchor, positive, negative) triplets, one per "
+                         "negative; tevatron: {query_id, query, positive_passages, "
+                         "negative_passages} per query.")] = NegativesFormat.sentence_transformers,
+    per_query: Annotated[int | None, typer.Option(
+        min=1, help="At most this many negatives per query, the best ranked (default: all "
+                    "the table holds).")] = None,
+    store_dir: Annotated[str | None, typer.Option(
+        "--store-dir", help="The run's store when not RUN_DIR/store (ANCE_S3_* for S3).")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
+) -> None:
+    """Write the hard negatives mined at one refresh as a training set for other trainers."""
+    from ance_train.data.problems import DataError
+    from ance_train.infra.store import StorageError
+    from ance_train.negatives.export import NegativesExportError
+    from ance_train.negatives.export import export_negatives as export_table
+
+    try:
+        result = export_table(run, checkpoint, fmt.value, out, overwrite=overwrite,
+                              per_query=per_query, store_dir=store_dir)
+    except (NegativesExportError, DataError, StorageError) as error:
+        err.print(f"[red]error:[/] {escape(str(error))}")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {result.rows} {fmt.value} rows to {result.out}: {result.negatives} "
+                  f"negatives of {result.queries} training queries from {result.table}")
+    if result.skipped_queries:
+        console.print(f"skipped {result.skipped_queries} table rows (not a training query of "
+                      "the dataset, or no negative left)")
+    if result.positives_removed:
+        console.print(f"left out {result.positives_removed} candidates that are positives")
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Get datasets, or convert them into the BEIR "
+                                                  "layout that data.path reads.")
+convert_app = typer.Typer(no_args_is_help=True, help="Convert pairs into the BEIR layout.")
+app.add_typer(data_app, name="data")
+data_app.add_typer(convert_app, name="convert")
+
+
+@data_app.command("get")
+def data_get(
+    dataset: Annotated[str, typer.Argument(metavar="beir/NAME", help="e.g. beir/scifact.")],
+    to: Annotated[Path | None, typer.Option(
+        "--to", help="Directory to unpack into (absent or empty); default: data/NAME.")] = None,
+    md5: Annotated[str | None, typer.Option(
+        help="Expected MD5 of the archive (default: the one BEIR publishes, when known).")
+    ] = None,
+    sha256: Annotated[str | None, typer.Option(help="Expected SHA-256 of the archive.")] = None,
+) -> None:
+    """Download an official BEIR dataset, check its checksum and unpack it (the base URL:
+    ANCE_BEIR_URL, for a mirror)."""
+    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+    from ance_train.data.download import get_beir, parse_name
+    from ance_train.data.problems import DataError
+
+    try:
+        name = parse_name(dataset)
+        target = to or Path("data") / name
+        with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
+                      console=err, transient=True) as bar:
+            task = bar.add_task(f"{name}.zip", total=None)
+            got = get_beir(name, target, md5=md5, sha256=sha256,
+                           progress=lambda done, total: bar.update(task, completed=done,
+                                                                   total=total))
+    except DataError as error:
+        err.print(f"[red]error:[/] {escape(str(error))}")
+        raise typer.Exit(1) from None
+    if got.checked is None:
+        err.print(f"[yellow]warning:[/] no checksum known for {name}: not checked (md5 "
+                  f"{got.md5}, sha256 {got.sha256}); pass --md5 or --sha256 to check")
+    else:
+        console.print(f"checksum ok: {got.checked}")
+    console.print(f"unpacked beir/{name} ({got.bytes / 2**20:.1f} MiB) into {got.target}: "
+                  f"data.path: {got.target.resolve()}")
+
+
+QueryColumn = Annotated[str | None, typer.Option(
+    help="The column of the query texts (default: anchor, query, question... or the first).")]
+PositiveColumn = Annotated[str | None, typer.Option(
+    help="The column of the positives, a text or a list (default: positive, pos, answer... "
+         "or the second).")]
+NegativeColumn = Annotated[str | None, typer.Option(
+    help="The column of the negatives (default: negative, negative_1..., or the third).")]
+
+
+def _convert(run_conversion) -> None:
+    from ance_train.data.problems import DataError
+
+    try:
+        report, target = run_conversion()
+    except DataError as error:
+        err.print(f"[red]error:[/] {escape(str(error))}")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {target} (BEIR layout; conversion.json records what was dropped)")
+    for line in report.lines():
+        console.print(f"  {escape(line)}")
+
+
+@convert_app.command("pairs")
+def convert_pairs(
+    file: Annotated[Path, typer.Argument(help="Training pairs: .jsonl, .csv, .tsv or .parquet.")],
+    to: Annotated[Path, typer.Option("--to", help="Directory to write (absent or empty).")],
+    test: Annotated[Path | None, typer.Option(
+        "--test", help="Test pairs (same formats): qrels/test.tsv, sharing the corpus.")] = None,
+    dev_fraction: Annotated[float, typer.Option(
+        min=0.0, max=0.99, help="Share of the training queries held out as qrels/dev.tsv.")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed of the dev hold-out.")] = 42,
+    query_column: QueryColumn = None,
+    positive_column: PositiveColumn = None,
+    negative_column: NegativeColumn = None,
+) -> None:
+    """Convert (query, positive[, negative]) pairs into the BEIR layout: identical texts become
+    one document, ids derive from the text, negatives join the corpus; what is dropped is
+    counted by reason. Columns: anchor/positive/negative, query/positive/negative, or any two
+    or three, in order (sentence-transformers' convention)."""
+    from ance_train.data.convert import ColumnNames
+    from ance_train.data.convert import convert_pairs as convert
+
+    names = ColumnNames(query_column, positive_column, negative_column)
+    _convert(lambda: (convert(file, to, test, names, dev_fraction, seed), to))
+
+
+@convert_app.command("hf")
+def convert_hf(
+    directory: Annotated[Path, typer.Argument(
+        metavar="DIR", help="A datasets folder written by save_to_disk (a Dataset: train; a "
+                            "DatasetDict: its train / validation / test splits).")],
+    to: Annotated[Path, typer.Option("--to", help="Directory to write (absent or empty).")],
+    dev_fraction: Annotated[float, typer.Option(
+        min=0.0, max=0.99, help="Share of the training queries held out as dev (when the "
+                                "folder has no validation split).")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed of the dev hold-out.")] = 42,
+    query_column: QueryColumn = None,
+    positive_column: PositiveColumn = None,
+    negative_column: NegativeColumn = None,
+) -> None:
+    """Convert a Hugging Face datasets folder of pairs into the BEIR layout (needs the
+    datasets extra)."""
+    from ance_train.data.convert import ColumnNames
+    from ance_train.data.convert import convert_hf as convert
+
+    names = ColumnNames(query_column, positive_column, negative_column)
+    _convert(lambda: (convert(directory, to, names, dev_fraction, seed), to))
 
 
 if __name__ == "__main__":

@@ -195,6 +195,10 @@ class Corpus:
             result[position] = self._doc_at(checked[position])
         return result
 
+    def records(self, indices: Sequence[int]) -> list[tuple[str, str, str]]:
+        """(doc id, title, text) of ``indices``, in the given order (``export-negatives``)."""
+        return self._docs(indices)
+
     def doc_id(self, i: int) -> str:
         """The id of document ``i`` (its position in the corpus file)."""
         return self._doc_at(self._check(i))[0]

@@ -40,6 +40,7 @@ from ance_train.infra.disk import DiskUsageFn, check_free, size, tree_bytes
 from ance_train.infra.process import die_with_parent
 from ance_train.infra.rpc import fetch_status
 from ance_train.infra.store import LocalStore, ObjectStore, StorageError, store_from_env
+from ance_train.launcher.placement import Placement, place, visible_gpus
 from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.launcher.supervisor import CrashLoop, Supervisor
@@ -179,6 +180,7 @@ class EmbeddedRun:
         self.finished = False  # the final checkpoint was evaluated
         self.stopped = False
         self.supervisor = Supervisor(config.services.restart)
+        self.placement = Placement([])  # the GPUs of each process (start_services)
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -354,7 +356,7 @@ class EmbeddedRun:
             args = [*command.argv, "serve", role,
                     "--config", str(self.resolved_config), "--instance", name,
                     "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
-            env = {**self.env, **command.env, **(extra_env or {})}
+            env = {**self.env, **command.env, **self.placement.env(name), **(extra_env or {})}
             with open(log_path, "ab") as log:
                 return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=env,
@@ -365,9 +367,26 @@ class EmbeddedRun:
         self.supervisor.add(child)
         return child
 
+    def gpu_placement(self) -> Placement:
+        """Each process's GPUs (launcher/placement.py), from the GPUs this machine shows the
+        run (``CUDA_VISIBLE_DEVICES``, ``nvidia-smi -L``, ``ANCE_GPU_COUNT``)."""
+        partitions = self.config.index.partitions
+        try:
+            gpus = visible_gpus(self.env)
+        except ValueError as error:  # a malformed ANCE_GPU_COUNT
+            raise RunAborted(str(error)) from None
+        return place(gpus, self.config.training.processes,
+                     [f"inferencer-{r}" for r in range(self.config.inference.replicas)],
+                     ["indexer"] if partitions == 1 else [f"indexer-{p}"
+                                                          for p in range(partitions)],
+                     index_on_gpu=self.config.index.device != "cpu")
+
     def start_services(self) -> None:
         ports = self.config.services
         partitions = self.config.index.partitions
+        self.placement = self.gpu_placement()
+        for line in self.placement.describe():
+            console.print(line)
         if partitions == 1:
             self.indexer = self._spawn("indexer", "indexer", ports.indexer_port or free_port())
         else:  # one process per partition; partition 0 merges and announces (indexer-0)
