@@ -136,10 +136,16 @@ class PlayedRun:
         self.dataset, self.run_id = dataset, run_id
         self.values = [*values, f"run.id={run_id}"]
 
-    def up(self) -> dict[str, Any]:
+    def up(self, before_workloads=None) -> dict[str, Any]:
         play("down")
         sets = [arg for value in self.values for arg in ("--set", value)]
-        play("up", "--values", str(VALUES), *sets, "--dataset", str(self.dataset))
+        if before_workloads is None:
+            play("up", "--values", str(VALUES), *sets, "--dataset", str(self.dataset))
+        else:  # the store first, then what must be in it, then the release's pods
+            play("up", "--values", str(VALUES), *sets, "--dataset", str(self.dataset),
+                 "--only-store")
+            before_workloads()
+            play("up", "--values", str(VALUES), *sets, "--skip-store")
         state = json.loads((REPO / "build" / "containers" / RELEASE / "up.json").read_text())
         self._connect()
         return state
@@ -243,6 +249,24 @@ class PlayedRun:
                             if not isinstance(v, list)}}
 
 
+def upload_model(url: str) -> None:
+    """The packaged encoder's folder to ``url`` in the S3 pod, as an operator would copy a
+    model that is not in the image."""
+    from minio import Minio
+
+    from ance_train.config import default_model_path
+
+    state = json.loads((REPO / "build" / "containers" / RELEASE / "store.json").read_text())
+    client = Minio(state["address"], access_key=state["access_key"],
+                   secret_key=state["secret_key"], secure=False)
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    if not client.bucket_exists(bucket):
+        client.make_bucket(bucket)
+    source = Path(default_model_path())
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        client.fput_object(bucket, prefix + path.relative_to(source).as_posix(), str(path))
+
+
 def ms(entry_id: str) -> int:
     return int(entry_id.split("-")[0])
 
@@ -260,9 +284,13 @@ def run_plain(dataset: Path, steps: int) -> dict[str, Any]:
 
 
 def run_operators(dataset: Path, steps: int, refresh_every: int) -> dict[str, Any]:
-    """Scale 1 -> 3 mid-run, then kill an inferencer, the indexer and the trainer in turn."""
-    run = PlayedRun(dataset, [f"run.config.training.steps={steps}"], "containers-ops")
-    run.up()
+    """Scale 1 -> 3 mid-run, then kill an inferencer, the indexer and the trainer in turn.
+    The encoder is named by an s3:// prefix (a model that is not in the image): the trainer's
+    init step copies it into the run's store, every role loads it from there."""
+    model_url = "s3://ance-train/models/minilm/"
+    run = PlayedRun(dataset, [f"run.config.training.steps={steps}",
+                              f"run.config.model.path={model_url}"], "containers-ops")
+    run.up(before_workloads=lambda: upload_model(model_url))
     actions = []
     scale_at = 2 * refresh_every
     run.wait_step(scale_at)

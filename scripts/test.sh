@@ -3,9 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,k8s
+# podman, buildah and mmdebstrap for tests/test_containers.py (Debian packages; root).
+bash scripts/containers/install_engine.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-ruff check src services tests bench
+ruff check src services tests bench scripts
 # Two workers (pytest-xdist; tests/conftest.py says how the tests are shared out): most of the
 # end-to-end tests' time is services starting and waiting on one another, so on two cores two
 # runs overlap well. Later arguments win: `bash scripts/test.sh -n 0` runs in one process.

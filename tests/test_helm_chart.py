@@ -510,8 +510,12 @@ def test_ance_env_matches_the_contract(default_objects: list[dict[str, Any]]) ->
     assert [c["name"] for c in containers(workloads["trainer"])] == [
         "wait-for-data", "prepare", "trainer"]
     reference = env_of(all_containers[0])
+    # prepare alone may reach the Hub (test_only_the_prepare_step_reaches_the_hub).
+    hub_only = {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT", "HF_TOKEN"}
     for container in all_containers:
         env = env_of(container)
+        if container["name"] == "prepare":
+            env = {n: v for n, v in env.items() if n not in hub_only}
         assert env == reference, f"{container['name']} has a different environment"
         assert {n for n in env if n.startswith("ANCE_")} == CONTRACT_ENV
 
@@ -1686,3 +1690,29 @@ def test_an_engine_without_an_api_server_can_turn_the_ancerun_off() -> None:
     notes = render_notes({"anceRun": {"enabled": False}})
     assert "get anceruns" not in notes and "ance-train status" in notes
     assert "get anceruns" in render_notes({})
+
+
+def test_only_the_prepare_step_reaches_the_hub() -> None:
+    """model.path may be a Hub id: the trainer's init step `prepare` downloads it once into
+    the run's store (docs/models.md), so only that container is online (the image is offline),
+    keeps the Hub cache on the work volume and gets the token of hub.tokenSecret; every other
+    container stays offline and never sees the token."""
+    values = {"run": {"config": {"model": {"path": "BAAI/bge-small-en-v1.5"}}},
+              "hub": {"tokenSecret": "hf-token", "endpoint": "https://hub.mirror.internal"}}
+    objects = render_chart(values)
+    job = one(objects, "Job", "ance-train-trainer")
+    prepare = next(c for c in pod_spec(job)["initContainers"] if c["name"] == "prepare")
+    env = env_of(prepare)
+    assert env["HF_HUB_OFFLINE"]["value"] == "0" and env["TRANSFORMERS_OFFLINE"]["value"] == "0"
+    assert env["HF_HOME"]["value"].startswith("/work/")
+    assert env["HF_ENDPOINT"]["value"] == "https://hub.mirror.internal"
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    for workload in all_workloads(objects):
+        for container in containers(workload):
+            if container is prepare or container["name"] == "prepare":
+                continue
+            assert "HF_TOKEN" not in env_of(container), container["name"]
+            assert env_of(container).get("HF_HUB_OFFLINE", {}).get("value") != "0"
+    default = next(c for c in pod_spec(one(render_chart({}), "Job", "ance-train-trainer"))
+                   ["initContainers"] if c["name"] == "prepare")
+    assert "HF_TOKEN" not in env_of(default)

@@ -265,7 +265,10 @@ class LocalCluster:
 
     def play(self, workload: Workload, pod_name: str) -> float:
         """Play one pod; returns the seconds podman took."""
-        docs = self.pod_manifests(workload, pod_name)
+        # A claim outlives its pod: a replacement pod binds the volume already made.
+        docs = [d for d in self.pod_manifests(workload, pod_name)
+                if d["kind"] != "PersistentVolumeClaim" or engine(
+                    "volume", "exists", d["metadata"]["name"], check=False).returncode != 0]
         path = self.state_dir / "pods" / f"{pod_name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
@@ -436,15 +439,21 @@ def command_up(cluster: LocalCluster, args: argparse.Namespace) -> None:
     if endpoint:
         host, _, port = endpoint.partition(":")
         pod = cluster.extra_hosts[host]
-        cluster.play_extra(pod, s3_pod(pod, args.s3_image))
         address = f"{cluster.address(pod)}:{port or 80}"
-        timings["s3 ready"] = wait_for("the S3 pod", lambda: _http_ok(address), 60)
+        if not args.skip_store:
+            cluster.play_extra(pod, s3_pod(pod, args.s3_image))
+            timings["s3 ready"] = wait_for("the S3 pod", lambda: _http_ok(address), 60)
+        (cluster.state_dir / "store.json").write_text(json.dumps(
+            {"address": address, "access_key": env["ANCE_S3_ACCESS_KEY"],
+             "secret_key": env["ANCE_S3_SECRET_KEY"]}))
         if args.dataset:
             config = yaml.safe_load(cluster.config_maps()[f"{cluster.release}-config"]["data"]
                                     ["config.yaml"])
             count = upload_dataset(address, env["ANCE_S3_ACCESS_KEY"], env["ANCE_S3_SECRET_KEY"],
                                    config["data"]["path"], Path(args.dataset))
             print(f"dataset: {count} files from {args.dataset} to {config['data']['path']}")
+    if args.only_store:
+        return
     order = sorted(cluster.workloads(), key=lambda w: ("redis" not in w.name, w.kind == "Job"))
     for workload in order:
         for i in range(workload.replicas):
@@ -540,6 +549,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--subnet", default="10.213.0.0/24")
     up.add_argument("--dataset", help="a local BEIR folder to copy to run.config.data.path")
     up.add_argument("--s3-image", default=S3_IMAGE_DEFAULT)
+    up.add_argument("--only-store", action="store_true",
+                    help="play the external store (and copy the dataset) only")
+    up.add_argument("--skip-store", action="store_true",
+                    help="the external store is already up: play the release's pods only")
     sub.add_parser("pods", help="the release's pods, as `kubectl get pods`")
     logs = sub.add_parser("logs", help="a pod's log, as `kubectl logs`")
     logs.add_argument("pod")

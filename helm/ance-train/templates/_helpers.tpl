@@ -395,3 +395,26 @@ ance_train.infra.bus.WorkQueue.GROUP; tests/test_helm_keda.py compares them). */
 {{- define "ance-train.inferencerReplicasUnset" -}}
 {{- if or .Values.inferencer.keda.enabled (kindIs "invalid" .Values.inferencer.replicas) }}true{{ end }}
 {{- end }}
+
+{{/* The prepare step's access to the Hugging Face Hub: model.path may name a Hub id, which
+prepare (only) downloads into the run's store, every role then loading that copy
+(docs/models.md). The image is offline by default; HF_HOME on the work volume, not /tmp. */}}
+{{- define "ance-train.hubEnv" -}}
+- name: HF_HUB_OFFLINE
+  value: "0"
+- name: TRANSFORMERS_OFFLINE
+  value: "0"
+- name: HF_HOME
+  value: /work/huggingface
+{{- with .Values.hub.endpoint }}
+- name: HF_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.hub.tokenSecret }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.hub.tokenKey }}
+{{- end }}
+{{- end }}

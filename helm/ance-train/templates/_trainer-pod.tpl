@@ -59,6 +59,7 @@ spec:
       args: ["prepare"]
       env:
         {{- include "ance-train.env" . | nindent 8 }}
+        {{- include "ance-train.hubEnv" . | nindent 8 }}
       volumeMounts:
         {{- include "ance-train.volumeMounts" . | nindent 8 }}
       resources:
