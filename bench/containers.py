@@ -122,8 +122,10 @@ def image_checks(dataset: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
     os.chmod(folder, 0o755)
     mounts = (f"{dataset}:/data:ro", f"{folder}:/etc/ance:ro")
     return [restricted_run(CPU_IMAGE, "--help"),
-            restricted_run(CPU_IMAGE, "validate", "/etc/ance/config.yaml", mounts=mounts),
-            restricted_run(CPU_IMAGE, "run", "/etc/ance/config.yaml", mounts=mounts)]
+            restricted_run(CPU_IMAGE, "validate", "--config", "/etc/ance/config.yaml",
+                           mounts=mounts),
+            restricted_run(CPU_IMAGE, "run", "--config", "/etc/ance/config.yaml",
+                           mounts=mounts)]
 
 
 # ----------------------------------------------------------------------------- the run
@@ -343,7 +345,8 @@ def run_embedded(dataset: Path, config: dict[str, Any], run_id: str) -> dict[str
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     start = time.monotonic()
-    sh(str(Path(sys.executable).parent / "ance-train"), "run", str(path), timeout=3600)
+    sh(str(Path(sys.executable).parent / "ance-train"), "run", "--config", str(path),
+       timeout=3600)
     wall = time.monotonic() - start
     evaluations = []
     for report in sorted(work.rglob("eval/*.json"), key=lambda p: int(p.stem)):
@@ -438,17 +441,23 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "command": command_line(), "date": utc_now(), "machine": machine(),
         "podman": engine("--version").stdout.strip()}
+    def save() -> None:  # after every phase: a failure later keeps what was measured
+        write_report(args.out, args.name, report, render(report))
+
     if "images" in phases:
         if not args.skip_build:
             report["images"] = build_images()
         report["breakdown"] = image_breakdown(CPU_IMAGE)
         report["image_checks"] = image_checks(dataset, base)
+        save()
     if "plain" in phases:
         report["plain"] = run_plain(dataset, args.steps)
+        save()
     if "operators" in phases:
         every = base["training"]["refresh_every"]
         # Long enough for the scale-up at 2 refreshes and the three kills at 4, 5 and 6.
         report["operators"] = run_operators(dataset, max(args.steps, 8 * every), every)
+        save()
     play("down")
     if "embedded" in phases:
         report["embedded"] = run_embedded(dataset, base, "embedded-same-config")
