@@ -213,3 +213,40 @@ def test_load_tokenizer_error_names_path(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError) as info:
         load_tokenizer(tmp_path / "nowhere")
     assert str(tmp_path / "nowhere") in str(info.value)
+
+
+def test_check_encoder_reads_the_files_without_torch(tiny_model: Path, tmp_path: Path) -> None:
+    """The launcher's check (``ance_train.modeling.files``) accepts the tiny model, refuses a
+    directory without tokenizer files, a config.json without model_type and a broken
+    tokenizer.json, naming the directory — and imports neither torch nor transformers."""
+    import shutil
+    import subprocess
+    import sys
+
+    from ance_train.modeling.files import check_encoder
+
+    check_encoder(tiny_model)
+    probe = ("import sys; from ance_train.modeling.files import check_encoder; "
+             f"check_encoder({str(tiny_model)!r}); "
+             "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model / name, no_tokenizer / name)
+    with pytest.raises(ModelLoadError, match="cannot load tokenizer") as info:
+        check_encoder(no_tokenizer)
+    assert str(no_tokenizer) in str(info.value)
+    (no_tokenizer / "tokenizer.json").write_text("{ not a tokenizer")
+    with pytest.raises(ModelLoadError, match="cannot load tokenizer"):
+        check_encoder(no_tokenizer)
+    untyped = tmp_path / "untyped"
+    shutil.copytree(tiny_model, untyped)
+    config = json.loads((untyped / "config.json").read_text())
+    del config["model_type"]
+    (untyped / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="no model_type") as info:
+        check_encoder(untyped)
+    assert str(untyped) in str(info.value)

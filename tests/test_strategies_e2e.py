@@ -83,22 +83,19 @@ def test_in_batch_only(tmp_path, scifact_subset, small_model) -> None:
     assert run["trainer"]["wait_before_first_s"] == 0.0
 
 
-def test_random_negatives(tmp_path, scifact_subset, small_model) -> None:
-    run = run_strategy(tmp_path, scifact_subset, small_model,
-                       {"pool": "random", "per_query": 2, "warmup": "none"})
-    common_checks(run)
-    assert run["tables"] == {}
-    assert set(run["trainer"]["hard_negatives"]) == {BATCH * 2}
-
-
 def test_bm25_warmup_then_random(tmp_path, scifact_subset, small_model) -> None:
+    """Also pool ``random`` on its own (was test_random_negatives, merged here to save an
+    end-to-end run): after the warm-up the run trains on random negatives, per_query 2 of
+    them, with no ANN table mined — that test's assertions, on the steps after the warm-up."""
     run = run_strategy(tmp_path, scifact_subset, small_model,
-                       {"pool": "random", "per_query": 1, "warmup": "bm25", "warmup_steps": 10})
+                       {"pool": "random", "per_query": 2, "warmup": "bm25", "warmup_steps": 10})
     common_checks(run)
+    assert run["tables"] == {}, "pool random mines no ANN table"
     used = run["trainer"]["negatives_steps"]
     assert used[:10] == [-1] * 10, "BM25 negatives during the warm-up"
     assert used[10:] == [None] * (STEPS - 10), "random negatives (no table) afterwards"
-    assert set(run["trainer"]["hard_negatives"]) == {BATCH}
+    # per_query of them at every step: random ones after the warm-up, BM25 ones in it
+    assert set(run["trainer"]["hard_negatives"]) == {BATCH * 2}
 
 
 def test_bm25_negatives(tmp_path, scifact_subset, small_model) -> None:
@@ -140,11 +137,21 @@ def test_bm25_warmup_then_ance(tmp_path, scifact_subset, small_model) -> None:
                                    np.broadcast_to(1.0 / counts, valid.shape)[valid], rtol=1e-5)
 
 
-def test_simans(tmp_path, scifact_subset, small_model) -> None:
+def test_simans_with_dance(tmp_path, scifact_subset, small_model) -> None:
+    """SimANS sampling and DANCE's dual loss in one run (cosine similarity, which both use):
+    test_simans and test_dance were merged here to save an end-to-end run; SimANS is a
+    sampling strategy and DANCE a loss, so neither changes what the other's checks read (the
+    tables' probabilities; the dual tables and losses)."""
     run = run_strategy(tmp_path, scifact_subset, small_model,
-                       {"pool": "ann", "sampling": "simans", "warmup": "none"},
+                       {"pool": "ann", "sampling": "simans", "warmup": "none",
+                        "dance": {"dual_weight": 0.1, "top_k": 10}},
                        similarity="cosine", temperature=0.05)
     common_checks(run)
+    check_simans(run)
+    check_dance(run)
+
+
+def check_simans(run: dict) -> None:
     for table in run["tables"].values():
         expected = simans_probabilities(table.scores, table.candidates, table.positive_scores,
                                         0.5, 0.0)
@@ -173,12 +180,7 @@ def test_ance_tele(tmp_path, scifact_subset, small_model) -> None:
     assert evaluations[tables[-1].step]
 
 
-def test_dance(tmp_path, scifact_subset, small_model) -> None:
-    run = run_strategy(tmp_path, scifact_subset, small_model,
-                       {"pool": "ann", "warmup": "none",
-                        "dance": {"dual_weight": 0.1, "top_k": 10}},
-                       similarity="cosine", temperature=0.01)
-    common_checks(run)
+def check_dance(run: dict) -> None:
     duals = [k for k in run["store"].list("negatives") if k.endswith("-dual.npz")]
     assert duals, "the indexer mines negative queries at each refresh"
     train_ids = sorted(run["dataset"].train)

@@ -143,7 +143,7 @@ def run(
     from ance_train.infra.disk import InsufficientDisk
     from ance_train.infra.store import StorageError
     from ance_train.launcher.embedded import EmbeddedRun, RunAborted
-    from ance_train.modeling.model import ModelLoadError
+    from ance_train.modeling.files import ModelLoadError
 
     if resume is not None and overwrite:
         err.print("[red]error:[/] --resume continues a run, --overwrite replaces it: give one")
@@ -243,7 +243,7 @@ def prepare(
 
     from ance_train.data.problems import DataError
     from ance_train.infra.store import StorageError, store_from_env
-    from ance_train.modeling.model import ModelLoadError
+    from ance_train.modeling.files import ModelLoadError
     from ance_train.modeling.source import prepare_model
     from ance_train.runtime import prepare_dataset
 
@@ -283,7 +283,7 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")],
     from ance_train.data.problems import DataError
     from ance_train.data.validation import validate_dataset
     from ance_train.infra.store import StorageError
-    from ance_train.modeling.model import ModelLoadError, check_encoder
+    from ance_train.modeling.files import ModelLoadError, check_encoder
     from ance_train.modeling.source import resolve_model
 
     cfg = _load(config, overrides, warn=True)

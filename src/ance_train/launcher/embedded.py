@@ -44,7 +44,7 @@ from ance_train.launcher.placement import Placement, place, visible_gpus
 from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.launcher.supervisor import CrashLoop, Supervisor
-from ance_train.modeling.model import check_encoder
+from ance_train.modeling.files import check_encoder
 from ance_train.modeling.source import ResolvedModel, publish_model, resolve_model
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
 from ance_train.protocol import keys

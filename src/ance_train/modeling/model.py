@@ -44,15 +44,18 @@ from transformers import (
 
 from ance_train.config import ModelConfig
 
+# The checks of a model directory that need neither torch nor transformers (the launcher's).
+from ance_train.modeling.files import (  # noqa: F401 - re-exported
+    SAFETENSORS_WEIGHTS,
+    ModelLoadError,
+    check_encoder,
+)
+from ance_train.modeling.files import require_safetensors as _require_safetensors
+
 HEAD_FILE = "ance_head.safetensors"
 META_FILE = "ance_model.json"
-SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 ST_CONFIG_FILE = "config_sentence_transformers.json"
 TextKind = Literal["query", "document"]
-
-
-class ModelLoadError(ValueError):
-    """The model directory is missing, unreadable or not a text encoder."""
 
 
 class BiEncoder(nn.Module):
@@ -196,13 +199,6 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def check_encoder(path: str | Path) -> None:
-    """Fail fast, without loading the weights, unless ``path`` holds a text encoder (config,
-    safetensors weights) and its tokenizer; the error names the directory."""
-    _encoder_config(Path(path))
-    load_tokenizer(path)
-
-
 def _encoder_config(path: Path) -> PretrainedConfig:
     """The Hugging Face config of an encoder-only model directory, or ModelLoadError."""
     if not (path / "config.json").is_file():
@@ -216,15 +212,6 @@ def _encoder_config(path: Path) -> PretrainedConfig:
         raise ModelLoadError(
             f"model directory {path}: {hf_config.model_type} is not a text encoder")
     return hf_config
-
-
-def _require_safetensors(path: Path) -> None:
-    if not any((path / name).is_file() for name in SAFETENSORS_WEIGHTS):
-        found = sorted(p.name for p in path.glob("*.bin")) or ["no weights file"]
-        raise ModelLoadError(
-            f"model directory {path}: no safetensors weights (model.safetensors); found "
-            f"{', '.join(found)}. Only safetensors are loaded (pickle files can run code): "
-            "convert the weights with save_pretrained(..., safe_serialization=True)")
 
 
 def _read_meta(path: Path) -> dict:

@@ -34,7 +34,7 @@ from ance_train.infra.store import (
     StorageError,
     s3_client_from_env,
 )
-from ance_train.modeling.model import ModelLoadError, check_encoder
+from ance_train.modeling.files import ModelLoadError, check_encoder
 from ance_train.protocol import keys
 
 log = logging.getLogger(__name__)
