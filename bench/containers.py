@@ -102,8 +102,15 @@ def restricted_run(image: str, *args: str, mounts: tuple[str, ...] = ()) -> dict
     """The image as the chart runs it: uid 10001, read-only root, tmpfs /tmp and /work."""
     volumes = [f"--volume={m}" for m in mounts]
     start = time.monotonic()
-    done = engine("run", "--rm", "--read-only", "--user", "10001:10001", "--tmpfs", "/tmp",
-                  "--tmpfs", "/work", "--network", "none", *volumes, image, *args,
+    # Folders owned by uid 10001, as the chart's emptyDirs are to the pod's fsGroup (a podman
+    # tmpfs mount stayed root-owned whatever its mode option).
+    scratch = Path(tempfile.mkdtemp(prefix="ance-scratch-"))
+    for name in ("work", "tmp"):
+        (scratch / name).mkdir()
+        os.chown(scratch / name, 10001, 10001)
+    done = engine("run", "--rm", "--read-only", "--user", "10001:10001",
+                  f"--volume={scratch / 'tmp'}:/tmp", f"--volume={scratch / 'work'}:/work",
+                  "--network", "none", *volumes, image, *args,
                   check=False, timeout=1800)
     return {"command": "ance-train " + " ".join(args), "exit": done.returncode,
             "seconds": round(time.monotonic() - start, 1),
@@ -276,12 +283,53 @@ def ms(entry_id: str) -> int:
 def run_plain(dataset: Path, steps: int) -> dict[str, Any]:
     run = PlayedRun(dataset, [f"run.config.training.steps={steps}"], "containers-plain")
     up = run.up()
+    run.wait_step(10)
+    # `helm test` while the services run: the chart's hook Pod checks every gRPC health.
+    hook = sh(*PLAY, "test", check=False, timeout=900)
+    watch = operator_view(run)
     wall = run.wait_finished(3600)
     out = run.results()
-    out.update(up=up, wall_s=round(wall, 1))
+    out.update(up=up, wall_s=round(wall, 1),
+               helm_test={"exit": hook.returncode, "output": hook.stdout.splitlines()[-12:]},
+               operator_view=watch)
     pod_rows = play("pods")
     out["pods_at_end"] = pod_rows.splitlines()
     out["config"] = run.raw_config
+    return out
+
+
+def operator_view(run: PlayedRun) -> list[dict[str, Any]]:
+    """What NOTES.txt tells an operator to run, as close as podman allows (docs/deployment.md,
+    section 9, says which kubectl commands have no counterpart and why)."""
+    import urllib.request
+
+    indexer = f"{RELEASE}-indexer-0-indexer"
+    views = [
+        ("kubectl get pods", [*PLAY, "pods"]),
+        ("kubectl logs job/ance-train-trainer", [*PLAY, "logs", f"{RELEASE}-trainer-0"]),
+        ("kubectl exec deploy/ance-train-indexer -- ance-train status",
+         ["bash", "-c", f'. "{REPO}/scripts/containers/engine.sh"; engine exec {indexer} '
+                        f"ance-train status --run-id {run.run_id}"]),
+        ("kubectl exec deploy/ance-train-indexer -- ance-train search",
+         ["bash", "-c", f'. "{REPO}/scripts/containers/engine.sh"; engine exec {indexer} '
+                        f'ance-train search --run-id {run.run_id} "what causes anemia"'])]
+    out = []
+    for name, command in views:
+        done = sh(*command, check=False, timeout=120)
+        out.append({"notes_command": name, "ran": " ".join(command[-6:]),
+                    "exit": done.returncode,
+                    "output": (done.stdout + done.stderr).strip().splitlines()[-8:]})
+    pods_dir = REPO / "build" / "containers" / RELEASE / "pods"
+    trainer = next(d for d in yaml.safe_load_all(
+        (pods_dir / f"{RELEASE}-trainer-0.yaml").read_text()) if d["kind"] == "Pod")
+    ip = next(e["value"] for e in trainer["spec"]["containers"][0]["env"]
+              if e["name"] == "POD_IP")
+    with urllib.request.urlopen(f"http://{ip}:9100/metrics", timeout=10) as response:
+        metrics = [line for line in response.read().decode().splitlines()
+                   if line.startswith("ance_") and not line.startswith("#")]
+    out.append({"notes_command": "kubectl port-forward svc/ance-train-trainer 9100 + curl",
+                "ran": f"curl http://{ip}:9100/metrics (the pod's address)", "exit": 0,
+                "output": metrics[:8]})
     return out
 
 
@@ -382,6 +430,8 @@ def render(report: dict[str, Any]) -> str:
     lines = ["# The chart's pods on real containers", "",
              f"`{report['command']}` on {host['cpu']} ({host['cores']} cores, flags "
              f"{', '.join(host['cpu_flags'])}), {report['date']}. {report['podman']}.", ""]
+    for earlier in report.get("earlier_commands", []):
+        lines += [f"Phases not rerun come from `{earlier['command']}`, {earlier['date']}.", ""]
     if report.get("images"):
         lines += ["## Images", "", "| image | build (s) | size (MB) |", "|---|---:|---:|"]
         for target, row in report["images"].items():
@@ -412,6 +462,12 @@ def render(report: dict[str, Any]) -> str:
         lines += ["", "Checks:", ""]
         lines += [f"- {'ok' if c['ok'] else 'FAILED'}: {name_} ({c['detail']})"
                   for name_, c in run["checks"].items()]
+        for view in run.get("operator_view", []):
+            lines.append(f"- NOTES `{view['notes_command']}` -> `{view['ran']}`: exit "
+                         f"{view['exit']}")
+        if "helm_test" in run:
+            lines.append(f"- `play_chart.py test` (the chart's `helm test` hook) exit "
+                         f"{run['helm_test']['exit']}")
         for a in run.get("actions", []):
             lines.append(f"- action: {json.dumps(a)}")
         lines.append("")
@@ -432,15 +488,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     parser.add_argument("--name", default="containers")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the saved report's other phases (and the image builds)")
     args = parser.parse_args(argv)
     phases = set(args.phases.split(","))
     work = Path(tempfile.mkdtemp(prefix="ance-containers-"))
     dataset = make_scifact_subset(work / "scifact-subset", max_docs=1000, max_queries=400)
     base = yaml.safe_load(VALUES.read_text())["run"]["config"]
     base["training"]["steps"] = args.steps
-    report: dict[str, Any] = {
-        "command": command_line(), "date": utc_now(), "machine": machine(),
-        "podman": engine("--version").stdout.strip()}
+    report: dict[str, Any] = {}
+    saved = args.out / f"{args.name}.json"
+    if args.merge and saved.is_file():  # rerun some phases, keep the others' results
+        report = json.loads(saved.read_text())
+        report.setdefault("earlier_commands", []).append(
+            {"command": report["command"], "date": report["date"]})
+    report.update({"command": command_line(), "date": utc_now(), "machine": machine(),
+                   "podman": engine("--version").stdout.strip()})
     def save() -> None:  # after every phase: a failure later keeps what was measured
         write_report(args.out, args.name, report, render(report))
 

@@ -35,6 +35,7 @@ Commands (state in ``build/containers/<release>/``)::
     python scripts/containers/play_chart.py scale inferencer 3
     python scripts/containers/play_chart.py kill POD        # the pod dies; its controller
                                                             # replaces it
+    python scripts/containers/play_chart.py test            # as `helm test`
     python scripts/containers/play_chart.py down
 
 Traffic stays on loopback and on the addresses of the network the script creates
@@ -191,10 +192,19 @@ class LocalCluster:
     def config_maps(self) -> dict[str, dict[str, Any]]:
         return {c["metadata"]["name"]: c for c in self.of_kind("ConfigMap")}
 
-    # Addresses: a block of 16 for each workload (in rendering order), after the extras.
+    def test_pods(self) -> list[dict[str, Any]]:
+        """The chart's `helm test` hooks (Pods annotated helm.sh/hook: test)."""
+        return [o for o in self.of_kind("Pod")
+                if "test" in o["metadata"].get("annotations", {}).get("helm.sh/hook", "")]
+
+    # Addresses: .2-.9 the test hooks, .10-.15 the extras, then a block of 16 for each
+    # workload (in rendering order).
     def address(self, pod: str) -> str:
         hosts = list(self.subnet.hosts())
         names = ["__extra__"] + [w.name for w in self.workloads()]
+        tests = [t["metadata"]["name"] for t in self.test_pods()]
+        if pod in tests:
+            return str(hosts[1 + tests.index(pod)])
         if pod in self.extra_pods():
             return str(hosts[9 + self.extra_pods().index(pod)])
         for block, name in enumerate(names):
@@ -529,6 +539,43 @@ def command_kill(cluster: LocalCluster, args: argparse.Namespace) -> None:
     print(f"killed and replaced {pod}")
 
 
+def command_test(cluster: LocalCluster, timeout_s: float = 900) -> int:
+    """`helm test`: play each test hook's Pod, wait for it to exit, print its log; the exit
+    status is the hooks' (0 when all passed)."""
+    worst = 0
+    for hook in cluster.test_pods():
+        name = hook["metadata"]["name"]
+        pod = copy.deepcopy(hook)
+        for container in pod["spec"]["containers"]:
+            resolve_environment(container, name, cluster.namespace, cluster.address(name),
+                                cluster.secret_values(), cluster.config_maps())
+            unpublish_ports(container)
+        pod["spec"]["hostAliases"] = cluster.host_aliases()
+        pod["metadata"]["annotations"] = {}  # hook annotations mean nothing to podman
+        cluster.remove(name)
+        path = cluster.state_dir / "pods" / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(pod, sort_keys=False), encoding="utf-8")
+        start = time.monotonic()
+        engine("kube", "play", "--network", cluster.network, "--ip", cluster.address(name),
+               str(path))
+        container = f"{name}-{pod['spec']['containers'][0]['name']}"
+        while True:
+            state = engine("inspect", container, "--format",
+                           "{{.State.Status}} {{.State.ExitCode}}").stdout.split()
+            if state[0] == "exited":
+                break
+            if time.monotonic() - start > timeout_s:
+                raise SystemExit(f"{name}: still running after {timeout_s:g}s")
+            time.sleep(1)
+        log = engine("logs", container)
+        print(f"TEST SUITE: {name}\nPhase: {'Succeeded' if state[1] == '0' else 'Failed'} "
+              f"({time.monotonic() - start:.1f}s)\n{log.stdout}{log.stderr}")
+        worst = max(worst, int(state[1]))
+        cluster.remove(name)
+    return worst
+
+
 def command_down(cluster: LocalCluster) -> None:
     for row in pods(cluster):
         cluster.remove(row["name"])
@@ -562,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     kill = sub.add_parser("kill", help="kill a pod; its controller replaces it")
     kill.add_argument("pod")
     sub.add_parser("notes", help="print NOTES.txt")
+    sub.add_parser("test", help="run the chart's test hooks, as `helm test`")
     sub.add_parser("down", help="remove every pod, volume and the network")
     args = parser.parse_args(argv)
     if args.command != "up":
@@ -578,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
         command_scale(cluster, args)
     elif args.command == "kill":
         command_kill(cluster, args)
+    elif args.command == "test":
+        return command_test(cluster)
     elif args.command == "notes":
         print(cluster.notes)  # type: ignore[attr-defined]
     elif args.command == "down":
