@@ -621,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in pods(cluster):
             print(f"{row['name']:40} {row['status']:10} {row['containers']}")
     elif args.command == "logs":
-        sys.stdout.write(engine("logs", main_container(args.pod)).stdout)
+        log = engine("logs", main_container(args.pod))  # podman keeps stdout and stderr apart
+        sys.stdout.write(log.stdout + log.stderr)
     elif args.command == "scale":
         command_scale(cluster, args)
     elif args.command == "kill":
