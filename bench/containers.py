@@ -440,6 +440,11 @@ def render(report: dict[str, Any]) -> str:
             size = row.get("size_bytes")
             lines.append(f"| {row.get('image', target)} | {row['wall_seconds']} | "
                          f"{'' if size is None else round(size / 1e6)} |")
+        for target, row in report["images"].items():
+            steps = sorted(row.get("steps", []), key=lambda step: -step["seconds"])[:3]
+            if steps:
+                lines += ["", f"Longest steps of {row.get('image', target)}:", ""]
+                lines += [f"- {step['seconds']} s: `{step['step']}`" for step in steps]
         lines += ["", "Largest parts of the CPU image (MB):", ""]
         lines += [f"- `{r['path']}`: {r['mb']}" for r in report.get("breakdown", [])]
         lines.append("")

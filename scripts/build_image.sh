@@ -26,7 +26,8 @@
 #   PIP_CONF_DIR   a pip configuration folder mounted at /etc/xdg/pip during the build (a
 #                  mirror, a constraint file); default: /etc/xdg/pip when it exists.
 #   TORCH_INDEX_URL, TORCH_SPEC, FAISS_GPU_SPEC   passed to the Dockerfiles as build arguments.
-# Build time and image size are printed at the end and written to build/images/<target>.json.
+# Build time, each Dockerfile step's time and the image size are printed at the end and
+# written to build/images/<target>.json (NO_CACHE=1: build every step again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/containers/engine.sh
@@ -129,11 +130,39 @@ esac
 
 echo "building $image from $dockerfile on $base"
 start=$(date +%s)
-engine build --network host --layers -f "$dockerfile" -t "$image" \
-  --build-arg "$base_arg=$base" "${build_args[@]}" "${volumes[@]}" .
+# Each output line is stamped, so that the time of every Dockerfile step can be reported.
+log="build/images/$target.log"
+cache=(--layers)
+[[ "${NO_CACHE:-0}" == 1 ]] && cache=(--no-cache)
+engine build --network host "${cache[@]}" -f "$dockerfile" -t "$image" \
+  --build-arg "$base_arg=$base" "${build_args[@]}" "${volumes[@]}" . 2>&1 \
+  | while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done \
+  | tee "$log" | cut -d' ' -f2-
+[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "build of $image failed: $log" >&2; exit 1; }
 seconds=$(( $(date +%s) - start ))
 size=$(engine image inspect --format '{{.Size}}' "$image")
-printf '{"image": "%s", "dockerfile": "%s", "base": "%s", "build_seconds": %d, "size_bytes": %d, "date": "%s", "host_cpu": "%s"}\n' \
-  "$image" "$dockerfile" "$base" "$seconds" "$size" "$(date -u +%FT%TZ)" \
-  "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" | tee "build/images/$target.json"
-echo "built $image in ${seconds}s, $(( size / 1000000 )) MB"
+IMAGE="$image" DOCKERFILE="$dockerfile" BASE="$base" SECONDS_="$seconds" SIZE="$size" \
+  LOG="$log" python3 - <<'PY' | tee "build/images/$target.json"
+import json, os, re
+steps, current = [], None
+for line in open(os.environ["LOG"], encoding="utf-8", errors="replace"):
+    stamp, _, text = line.rstrip("\n").partition(" ")
+    if re.match(r"STEP \d+/\d+: ", text):
+        if current:
+            current["seconds"] = round(float(stamp) - current.pop("start"), 1)
+            steps.append(current)
+        current = {"step": text.split(": ", 1)[1][:90], "start": float(stamp)}
+    last = stamp
+if current:
+    current["seconds"] = round(float(last) - current.pop("start"), 1)
+    steps.append(current)
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+            if l.startswith("model name")), "")
+print(json.dumps({"image": os.environ["IMAGE"], "dockerfile": os.environ["DOCKERFILE"],
+                  "base": os.environ["BASE"], "build_seconds": int(os.environ["SECONDS_"]),
+                  "size_bytes": int(os.environ["SIZE"]), "steps": steps,
+                  "date": __import__("time").strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                      __import__("time").gmtime()),
+                  "host_cpu": cpu}))
+PY
+echo "built $image in ${seconds}s, $(( size / 1000000 )) MB (steps: build/images/$target.json)"
