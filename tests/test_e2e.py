@@ -329,3 +329,66 @@ def test_no_process_left_behind(finished_run) -> None:
     run_dir = str(finished_run["run_dir"])
     alive = subprocess.run(["pgrep", "-f", run_dir], capture_output=True, text=True).stdout
     assert alive.strip() == "", alive
+
+
+def test_refresh_timeline_has_every_phase_in_order(finished_run) -> None:
+    """Issue 31: every refresh of the run has its timeline (eval/<k>.json + the trainer's
+    summary, one clock), every phase in pipeline order, the waits as the gaps between their
+    neighbours, and its rows as TensorBoard scalars."""
+    from ance_train.observability.timeline import (
+        INDEXER_PHASES,
+        SWAP_PHASES,
+        check_order,
+        run_timelines,
+    )
+
+    store, trainer = finished_run["store"], finished_run["summary"]["trainer"]
+    timelines = run_timelines(store, trainer)
+    steps = refreshed_steps(store)
+    assert [t["step"] for t in timelines] == steps
+    used = {s["negatives_step"] for s in trainer["swaps"]}  # a step trained on it
+    held = {int(k) for k in trainer["tables_swapped_in"]} | used  # the feed swapped it in
+    assert len(used & set(steps)) >= 2 and trainer["steps"] not in held
+    for timeline in timelines:
+        step, rows = timeline["step"], {r["phase"]: r for r in timeline["rows"]}
+        swapped = step in held  # not the final refresh: it came after the last step
+        if step in used:
+            expected = INDEXER_PHASES + SWAP_PHASES
+        else:
+            expected = INDEXER_PHASES + (SWAP_PHASES[:-1] if swapped else ())
+        assert tuple(rows) == expected, (step, list(rows))
+        assert timeline["swapped"] is swapped
+        assert check_order(timeline) == [], step
+        for wait, before, after in (
+                ("wait: save → upload", "save", "upload"),
+                ("wait: published → first shard claimed", "announce", "model load"),
+                ("wait: last shard in → index build", "shard upload", "index build"),
+                ("wait: ready → trainer reads it", "negatives.ready", "swap"),
+                ("wait: swapped in → first step on it", "swap", None)):
+            if wait not in rows:
+                continue
+            assert rows[wait]["start"] == rows[before]["end"], (step, wait)
+            if after is not None:
+                assert rows[wait]["end"] == rows[after]["start"], (step, wait)
+            assert rows[wait]["seconds"] >= -0.005, (step, wait)  # one clock: no skew
+        shards = timeline["shards"]
+        assert len(shards) == len(RefreshPlan.for_run(step, finished_run["config"],
+                                                      finished_run["dataset"]).expected_keys())
+        assert rows["encode"]["busy_s"] > 0 and timeline["encode_union_s"] > 0
+        assert 0 < timeline["fixed_s"] < timeline["period_s"]
+    # Replicas keep the model and the token ids: after a replica's first shard, no rebuild.
+    later = [s for t in timelines[1:] for s in t["shards"]]
+    assert not any(s["model_reloaded"] for s in later)
+    assert any(s["tokens_cached"] for s in later)
+
+    indexer = event_scalars(finished_run["run_dir"] / "tensorboard" / "indexer")
+    trainer_scalars = event_scalars(finished_run["run_dir"] / "tensorboard" / "trainer")
+    for timeline in timelines:
+        rows = {r["phase"]: r for r in timeline["rows"]}
+        for tag, phase in (("timeline/encode_s", "encode"), ("timeline/mining_s", "mining"),
+                           ("timeline/index_build_s", "index build")):
+            assert indexer[tag][timeline["step"]] == pytest.approx(rows[phase]["seconds"],
+                                                                   rel=1e-5, abs=1e-6)
+        if timeline["step"] in used:
+            assert trainer_scalars["timeline/swap_s"][timeline["step"]] == pytest.approx(
+                rows["swap"]["seconds"], rel=1e-5, abs=1e-6)

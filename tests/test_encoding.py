@@ -14,10 +14,13 @@ from ance_train.config import default_model_path
 from ance_train.modeling import encoding
 from ance_train.modeling.encoding import (
     cpu_has_native_bf16,
+    encode_ids,
     encode_texts,
+    pad_token_id,
     plan_batches,
     prepare_model,
     resolve_precision,
+    tokenize_texts,
 )
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 
@@ -229,3 +232,76 @@ def test_cpu_bf16_detection_reads_the_cpu_flags():
     lines = Path("/proc/cpuinfo").read_text().splitlines()
     flags = next(line for line in lines if line.startswith("flags")).split()
     assert cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
+
+
+# ------------------------------------------------------------ reuse between refreshes (#31)
+
+
+def test_pretokenised_ids_give_the_bits_of_background_encoding(tokenizer, monkeypatch):
+    """The inferencer's cached token ids encode to exactly what tokenising again gives."""
+    monkeypatch.setattr(encoding, "BACKGROUND_CHUNK", 3)  # several chunks for 7 texts
+    model = tiny_bi_encoder(tokenizer)
+    model.document_prompt = "passage: "
+    again = encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=2, background=True,
+                         kind="document", max_tokens_per_batch=40)
+    ids = tokenize_texts(tokenizer, TEXTS, MAX_LENGTH, model.prompt("document"))
+    seen: list[int] = []
+    cached = encode_ids(model, [np.asarray(row, dtype=np.int32) for row in ids],
+                        pad_token_id(tokenizer), batch_size=2, max_tokens_per_batch=40,
+                        progress=seen.append)
+    np.testing.assert_array_equal(cached, again)
+    assert sum(seen) == len(TEXTS)
+    assert encode_ids(model, [], 0).shape == (0, model.dim)
+
+
+def _store_checkpoint(store, step: int, model: BiEncoder, tokenizer, root: Path) -> None:
+    from ance_train.protocol import keys
+
+    directory = root / f"ckpt-{step}"
+    model.save(directory, tokenizer)
+    (directory / "training_state.json").write_text("{}")  # never read by an inferencer
+    store.put_dir(keys.checkpoint(step), directory)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resident_model_takes_new_weights_bit_for_bit(tokenizer, tmp_path, precision):
+    """ModelCache(reuse=True) copies only a new checkpoint's weights into the resident
+    (converted) model; the result is the model a full load gives, parameter for parameter,
+    and encodes the same bits. A checkpoint that differs in anything else is loaded whole."""
+    from ance_train.config import ModelConfig
+    from ance_train.infra.store import LocalStore
+    from ance_train.modeling.checkpoint_cache import ModelCache
+
+    store = LocalStore("reuse", tmp_path / "store")
+    config = ModelConfig(path=str(tmp_path), max_doc_length=MAX_LENGTH)
+    first = tiny_bi_encoder(tokenizer, similarity="cosine")
+    _store_checkpoint(store, 0, first, tokenizer, tmp_path)
+    second = tiny_bi_encoder(tokenizer, similarity="cosine")
+    with torch.no_grad():
+        for parameter in second.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    _store_checkpoint(store, 1, second, tokenizer, tmp_path)
+
+    def cache(name: str, reuse: bool) -> ModelCache:
+        return ModelCache(store, config, tmp_path / name, torch.device("cpu"),
+                          prepare=lambda m: prepare_model(m, precision), reuse=reuse)
+
+    resident = cache("resident", reuse=True)
+    resident.get(0)
+    assert resident.reloaded is True
+    kept_model = resident.model
+    model, _ = resident.get(1)
+    assert resident.reloaded is False and model is kept_model
+    assert not (tmp_path / "resident" / "1" / "training_state.json").exists()
+    fresh, _ = cache("fresh", reuse=False).get(1)
+    reference = dict(fresh.state_dict())
+    for name, tensor in model.state_dict().items():
+        assert tensor.dtype == reference[name].dtype and torch.equal(tensor, reference[name]), name
+    np.testing.assert_array_equal(
+        encode_texts(model, tokenizer, TEXTS, MAX_LENGTH, batch_size=2),
+        encode_texts(fresh, tokenizer, TEXTS, MAX_LENGTH, batch_size=2))
+
+    second.temperature = 0.5  # ance_model.json changes: not just weights
+    _store_checkpoint(store, 2, second, tokenizer, tmp_path)
+    model, _ = resident.get(2)
+    assert resident.reloaded is True and model is not kept_model and model.temperature == 0.5

@@ -553,6 +553,21 @@ class InferenceConfig(_Strict):
                     "still read. docs/benchmarks/embedding-dtype.md: no retrieval metric "
                     "changes beyond noise.",
     )
+    reuse_between_refreshes: bool = Field(
+        True,
+        description="Keep the encoder resident between checkpoints and load only the new "
+                    "weights (the whole model is built again when anything else in the "
+                    "checkpoint changed), and keep each shard's token ids (the corpus never "
+                    "changes) up to token_cache_mb. false: build the model from the store and "
+                    "tokenise every shard at every refresh (docs/benchmarks/"
+                    "refresh-timeline.md measures both).",
+    )
+    token_cache_mb: int = Field(
+        1024, ge=0,
+        description="Memory per inferencer replica for the token ids of the shards it "
+                    "encoded (4 bytes a token); shards beyond it are tokenised again at each "
+                    "refresh. 0: no cache.",
+    )
 
 
 class IvfConfig(_Strict):

@@ -46,12 +46,15 @@ from ance_train.negatives.mining import Miner, positives_of
 from ance_train.negatives.strategies.bm25 import bm25_negatives
 from ance_train.negatives.table import NegativesTable, store_table
 from ance_train.observability.telemetry import IndexerTelemetry
+from ance_train.observability.timeline import refresh_timeline
+from ance_train.observability.timeline import scalars as timeline_scalars
 from ance_train.observability.tracking import Tracking, flatten, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.events import (
     CheckpointPublished,
     EvalCompleted,
+    IndexerTimes,
     NegativesReady,
     PartitionSearched,
     ShardEncoded,
@@ -100,6 +103,11 @@ class Indexer:
         self.published_at: dict[int, float] = {}  # Redis server time of checkpoint.published
         # Redis server time of the shard.encoded that completed this process's part of a plan
         self.completed_at: dict[int, float] = {}
+        # The refresh timeline (observability/timeline.py): each pending checkpoint's
+        # checkpoint.published and the shard.encoded of its shards, by key.
+        self.published: dict[int, CheckpointPublished] = {}
+        self.shard_events: dict[int, dict[str, ShardEncoded]] = {}
+        self.completed_wall: dict[int, float] = {}  # Unix time this process read it complete
         self.build: ShardedBuild | None = None  # the index being built, maybe while encoding
         self.last_built: int | None = None
         self.abandoned: set[int] = set()  # checkpoints with a shard.failed item
@@ -160,6 +168,11 @@ class Indexer:
                 self._partition_searched(event)
         for received in bus.history(CheckpointPublished):
             self._add_plan(received)
+        if self.coordinator and self.plans:  # the timelines of the refreshes under way
+            for encoded in bus.history(ShardEncoded):
+                if encoded.event.step in self.plans:
+                    self.shard_events.setdefault(encoded.event.step, {})[
+                        encoded.event.key] = encoded.event
         for failed in bus.history(ShardFailed):
             self._abandon(failed.event)
         self.ctx.log.info("recovered: last built checkpoint %s, pending %s",
@@ -199,6 +212,7 @@ class Indexer:
         if not self.coordinator and self._searched(step):
             return  # this partition's part is done; partition 0 keeps plans until merged
         self.published_at[step] = entry_seconds(received.entry_id)
+        self.published[step] = received.event
         self.plans[step] = received.event.plan
         # Shards already in the store count (an indexer restarted mid-refresh loses nothing).
         self.received[step] = set(self.ctx.store.list(keys.embeddings(step)))
@@ -211,9 +225,8 @@ class Indexer:
                 plan is not None and plan.expected_keys() <= self.received.get(step, set())):
             return  # built, already abandoned, or complete after all (another replica's copy)
         self.abandoned.add(step)
-        for table in (self.plans, self.received, self.published_at, self.searched,
-                      self.completed_at):
-            table.pop(step, None)
+        self._forget(step)
+        self.searched.pop(step, None)
         if self.build is not None and self.build.step == step:
             self.build = None
         self.ctx.log.error("checkpoint %d abandoned: %s was given up after %s attempts: %s",
@@ -238,9 +251,12 @@ class Indexer:
                 received = self.received.setdefault(step, set())
                 received.add(encoded.event.key)
                 plan = self.plans.get(step)
+                if self.coordinator:  # may come before its checkpoint.published is read
+                    self.shard_events.setdefault(step, {})[encoded.event.key] = encoded.event
                 if (plan is not None and step not in self.completed_at
                         and self._needed(plan) <= received):
                     self.completed_at[step] = entry_seconds(encoded.entry_id)
+                    self.completed_wall[step] = time.time()
             bus.ack(ShardEncoded, group, encoded.entry_id)
         self._last_poll = time.monotonic()
 
@@ -411,24 +427,28 @@ class Indexer:
         ctx = self.ctx
         cancel = lambda: self._check_superseded(step)  # noqa: E731
         started = time.monotonic()
+        marks: dict[str, float] = {"build_started_at": time.time()}  # the refresh timeline
         ctx.state.update(state="running", phase=f"building index {step}", checkpoint_step=step)
         index, queries, early = self._index(step, cancel)
         build_s = time.monotonic() - started
+        marks["built_at"] = time.time()
 
         ctx.state.update(phase=f"mining {step}")
         started = time.monotonic()
-        table, dual, diagnostics = self.mine(step, index, queries, cancel)
+        table, dual, diagnostics = self.mine(step, index, queries, cancel, marks=marks)
         mine_s = time.monotonic() - started
+        marks["mined_at"] = time.time()
 
         ctx.state.update(phase=f"evaluating {step}")
         started = time.monotonic()
-        metrics = self.evaluate(index, queries, cancel)
+        metrics = self.evaluate(index, queries, cancel, marks=marks)
         eval_s = time.monotonic() - started
+        marks["evaluated_at"] = time.time()
         timings = {"build_s": build_s, "mine_s": mine_s, "eval_s": eval_s,
                    "shards_added_early": float(early)}
         # The index serves searches from now on; then the events go out.
         self.search.serve(ServedIndex(step, index))
-        self._announce(step, table, dual, diagnostics, metrics, timings)
+        self._announce(step, table, dual, diagnostics, metrics, timings, marks)
 
     def build_part(self, step: int) -> None:
         """P > 1: build this partition's index of ``step``, search every query, store the
@@ -462,10 +482,7 @@ class Indexer:
                      search_s)
         if not self.coordinator:  # partition 0 keeps its plans until it merged them
             for old in [s for s in self.plans if s <= step]:
-                self.plans.pop(old, None)
-                self.received.pop(old, None)
-                self.published_at.pop(old, None)
-                self.completed_at.pop(old, None)
+                self._forget(old)
 
     def search_groups(self, index: AnnIndex, queries: QueryVectors,
                       cancel: Callable[[], None]) -> dict[str, TopK]:
@@ -491,6 +508,9 @@ class Indexer:
         ctx, cfg = self.ctx, self.ctx.config
         cancel = lambda: self._check_superseded(step, merging=True)  # noqa: E731
         started = time.monotonic()
+        # The partitions built and searched; here "index build" is reading their lists and
+        # "search" is empty (their build_s / search_s are in the timings).
+        marks: dict[str, float] = {"build_started_at": time.time()}
         ctx.state.update(state="running", phase=f"merging {step}", checkpoint_step=step)
         plan = self.plans[step]
         parts = []
@@ -514,16 +534,19 @@ class Indexer:
                  np.concatenate([part.doc_vectors.reshape(-1, dim) for part in parts]))
         view = MergedIndex(ctx.store, plan, dim, known=known)
         merge_s = time.monotonic() - started
+        marks["built_at"] = marks["searched_at"] = time.time()
 
         ctx.state.update(phase=f"mining {step}")
         started = time.monotonic()
         table, dual, diagnostics = self.mine(step, view, queries, cancel, merged["train"])
         mine_s = time.monotonic() - started
+        marks["mined_at"] = time.time()
 
         ctx.state.update(phase=f"evaluating {step}")
         started = time.monotonic()
         metrics = self.evaluate(view, queries, cancel, merged)
         eval_s = time.monotonic() - started
+        marks["evaluated_at"] = time.time()
         events = self.searched[step].values()
         timings = {"build_s": max(e.build_s for e in events),
                    "search_s": max(e.search_s for e in events),
@@ -531,18 +554,24 @@ class Indexer:
                    "merge_s": merge_s, "mine_s": mine_s, "eval_s": eval_s}
         ctx.log.info("checkpoint %d: merged %d partitions' lists (%d corpus shards read back "
                      "for vectors)", step, self.partitions, view.shards_read)
-        self._announce(step, table, dual, diagnostics, metrics, timings)
+        self._announce(step, table, dual, diagnostics, metrics, timings, marks)
         for old in [s for s in self.searched if s <= step]:
             self.searched.pop(old, None)
 
     def _announce(self, step: int, table: NegativesTable | None, dual: NegativesTable | None,
-                  diagnostics: dict, metrics: dict, timings: dict) -> None:
+                  diagnostics: dict, metrics: dict, timings: dict, marks: dict) -> None:
         """Store the evaluation report, then publish ``negatives.ready`` and
-        ``eval.completed`` of ``step`` (the tables are stored already)."""
+        ``eval.completed`` of ``step`` (the tables are stored already). ``marks``: the
+        indexer's times of the refresh timeline."""
         ctx = self.ctx
+        times = IndexerTimes(complete_at=self.completed_wall.get(step),
+                             announced_at=time.time(), **marks)
+        timeline = self._timeline(step, times)
         ctx.store.put_json(keys.eval_report(step), {"step": step, "metrics": metrics,
                                                     "timings": timings,
-                                                    "diagnostics": diagnostics})
+                                                    "diagnostics": diagnostics,
+                                                    "times": times.model_dump(),
+                                                    "timeline": timeline})
         self.last_built = step
         if table is not None:
             self.previous = table
@@ -553,21 +582,24 @@ class Indexer:
             ready_id = ctx.bus.publish(NegativesReady(tables=tables))
         eval_id = ctx.bus.publish(EvalCompleted(step=step, key=keys.eval_report(step),
                                                 metrics=metrics, timings=timings,
-                                                diagnostics=diagnostics))
+                                                diagnostics=diagnostics, times=times))
         refresh_s = self._refresh_seconds(step, ready_id or eval_id)
         self.telemetry.refreshed(step, refresh_s, metrics)
         self._track(step, refresh_s, self._tail_seconds(step, ready_id or eval_id), timings,
-                    metrics, diagnostics)
+                    metrics, diagnostics, timeline)
         flat = {f"{split}/{name}": value for split, values in metrics.items()
                 for name, value in values.items()}
         ctx.state.update(state="idle", phase="waiting for shards", index_step=step, metrics=flat)
         ctx.log.info("checkpoint %d indexed: %s", step, json.dumps(metrics))
-        for old in [s for s in self.plans if s <= step]:
-            self.plans.pop(old, None)
-            self.received.pop(old, None)
-            self.published_at.pop(old, None)
-            self.completed_at.pop(old, None)
+        for old in [s for s in {*self.plans, *self.shard_events} if s <= step]:
+            self._forget(old)
         self.retain()
+
+    def _forget(self, step: int) -> None:
+        """Drop what was kept about checkpoint ``step`` while it was pending."""
+        for table in (self.plans, self.received, self.published_at, self.completed_at,
+                      self.published, self.shard_events, self.completed_wall):
+            table.pop(step, None)
 
     def retain(self) -> None:
         """After a refresh: delete superseded refreshes' objects, list the run's size."""
@@ -577,13 +609,28 @@ class Indexer:
         except (*REDIS_UNAVAILABLE, StorageError) as error:  # retried after the next refresh
             self.ctx.log.warning("refresh retention / store size failed: %s", error)
 
+    def _timeline(self, step: int, times: IndexerTimes) -> dict | None:
+        """The refresh's timeline up to negatives.ready (None, logged, when a part of it was
+        not recorded: shards from before a restart whose events were trimmed, an older
+        trainer or replica)."""
+        published = self.published.get(step)
+        if published is None:
+            return None
+        try:
+            return refresh_timeline(published, self.shard_events.get(step, {}).values(), times)
+        except ValueError as error:
+            self.ctx.log.info("no refresh timeline: %s", error)
+            return None
+
     def _track(self, step: int, refresh_s: float | None, tail_s: float | None, timings: dict,
-               metrics: dict, diagnostics: dict) -> None:
+               metrics: dict, diagnostics: dict, timeline: dict | None = None) -> None:
         """The refresh's scalars at global step = its checkpoint step: the refresh period
         (checkpoint published → negatives ready), the tail after its last shard, their
-        parts, the metrics per split and the diagnostics (overlap, forgetting rate,
-        composition)."""
+        parts, the timeline's rows, the metrics per split and the diagnostics (overlap,
+        forgetting rate, composition)."""
         scalars = flatten(timings, "refresh/")
+        if timeline is not None:
+            scalars.update(timeline_scalars(timeline))
         if refresh_s is not None:
             scalars["refresh/period_s"] = refresh_s
         if tail_s is not None:
@@ -632,11 +679,13 @@ class Indexer:
         return max(100, self.miner.depth()) + self.miner.max_positives
 
     def mine(self, step: int, index: AnnIndex | MergedIndex, queries: QueryVectors,
-             cancel: Callable[[], None], searched: TopK | None = None
+             cancel: Callable[[], None], searched: TopK | None = None,
+             marks: dict[str, float] | None = None
              ) -> tuple[NegativesTable | None, NegativesTable | None, dict]:
         """The refresh's negatives (the pool's, if it mines ANN), DANCE's negative queries
         (when enabled) and the diagnostics. ``searched``: the training queries' merged lists
-        (partitions); without it ``index`` is searched here."""
+        (partitions); without it ``index`` is searched here (``marks["searched_at"]``:
+        when that search ended)."""
         ctx, cfg = self.ctx, self.ctx.config
         train_queries = queries.of(self.train_ids)
         if searched is None:
@@ -646,6 +695,8 @@ class Indexer:
             if list(searched.query_ids) != self.train_ids:
                 raise ValueError("merged training lists are not in training-query order")
             ranked, sims = searched.ids, searched.scores
+        if marks is not None:
+            marks["searched_at"] = time.time()
         table = dual = None
         if self.miner.pool.mines_ann:
             table = self.miner.mine(step, index, train_queries, ranked, sims, self.previous,
@@ -658,19 +709,24 @@ class Indexer:
         return table, dual, diagnostics
 
     def evaluate(self, index: AnnIndex | MergedIndex, queries: QueryVectors,
-                 cancel: Callable[[], None], searched: dict[str, TopK] | None = None) -> dict:
+                 cancel: Callable[[], None], searched: dict[str, TopK] | None = None,
+                 marks: dict[str, float] | None = None) -> dict:
         """Metrics per evaluated split; ``searched``: the merged lists per split
-        (partitions), else ``index`` is searched here."""
+        (partitions), else ``index`` is searched here (``marks["eval_search_s"]``: the
+        seconds those searches took)."""
         cfg, dataset = self.ctx.config, self.ctx.dataset
         results = {}
+        search_s = 0.0
         for split in cfg.index.eval_splits:
             qrels = getattr(dataset, split)
             if not qrels:
                 continue
             qids = sorted(qrels)
             if searched is None:
+                started = time.monotonic()
                 ranked, scores = index.search(queries.of(qids), cfg.index.eval_depth,
                                               cfg.index.search_batch_size, cancel)
+                search_s += time.monotonic() - started
             else:
                 if list(searched[split].query_ids) != qids:
                     raise ValueError(f"merged {split} lists are not of the {split} queries")
@@ -679,6 +735,8 @@ class Indexer:
                    for q, r, sc in zip(qids, ranked, scores, strict=True)}
             str_qrels = {q: {str(d): rel for d, rel in rels.items()} for q, rels in qrels.items()}
             results[split] = evaluate(run, str_qrels)
+        if marks is not None:
+            marks["eval_search_s"] = search_s
         return results
 
 

@@ -11,6 +11,11 @@ always move to the newest checkpoint without abandoning a refresh half-way (ANCE
 Inferencer takes the most recent checkpoint when it starts a refresh). The one exception is
 checkpoint 0, the zero-shot reference, which is always encoded.
 
+Between refreshes (``inference.reuse_between_refreshes``) a replica keeps its encoder resident
+and loads only the new weights (:class:`~ance_train.modeling.checkpoint_cache.ModelCache`),
+and keeps the token ids of the shards it encoded (:class:`TokenCache`): the corpus and the
+queries never change within a run, nor, unless a checkpoint says otherwise, the tokenizer.
+
 Poison items: an item whose checkpoint is corrupt or missing in the store is left for
 redelivery (another replica may read it fine) until its ``inference.max_attempts``-th
 delivery, then given up: ``shard.failed`` names the object and the error, the item is
@@ -30,7 +35,14 @@ from ance_train.inferencer.uploader import EncodedShard, ShardUploader
 from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkItem, WorkQueue
 from ance_train.infra.store import CorruptObject, ObjectNotFound, StorageError
 from ance_train.modeling.checkpoint_cache import ModelCache
-from ance_train.modeling.encoding import encode_texts, prepare_model, resolve_precision
+from ance_train.modeling.encoding import (
+    encode_ids,
+    encode_texts,
+    pad_token_id,
+    prepare_model,
+    resolve_precision,
+    tokenize_texts,
+)
 from ance_train.observability.telemetry import InferencerTelemetry
 from ance_train.protocol import keys
 from ance_train.protocol.events import ShardFailed
@@ -51,6 +63,28 @@ return current
 """
 
 
+class TokenCache:
+    """Token ids of shards, in this process's memory, up to ``max_bytes`` (4 bytes a token;
+    shards beyond it are not kept). A key names everything the ids depend on: the shard's
+    kind and range, the length cap, the prompt and the checkpoint files other than the
+    weights (tokenizer included: :attr:`ModelCache.fingerprint`)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._ids: dict[tuple, list[np.ndarray]] = {}
+
+    def get(self, key: tuple) -> list[np.ndarray] | None:
+        return self._ids.get(key)
+
+    def put(self, key: tuple, ids: list[list[int]]) -> None:
+        size = 4 * sum(len(row) for row in ids)
+        if key in self._ids or self.bytes + size > self.max_bytes:
+            return
+        self._ids[key] = [np.asarray(row, dtype=np.int32) for row in ids]
+        self.bytes += size
+
+
 class Inferencer:
     def __init__(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
@@ -63,9 +97,14 @@ class Inferencer:
         self.precision = resolve_precision(cfg.inference.precision, self.device)
         ctx.log.info("encoding on %s in %s (inference.precision %s)", self.device.type,
                      self.precision, cfg.inference.precision)
+        # Weights copied into a resident model need a model whose parameters are tensors
+        # of its dtype; int8's dynamic quantisation replaces them: reloaded whole.
+        self.reuse = cfg.inference.reuse_between_refreshes
         self.models = ModelCache(ctx.store, ctx.config.model, ctx.work_dir / "checkpoints",
                                  self.device,
-                                 prepare=lambda m: prepare_model(m, self.precision, self.device))
+                                 prepare=lambda m: prepare_model(m, self.precision, self.device),
+                                 reuse=self.reuse and self.precision != "int8")
+        self.tokens = TokenCache(cfg.inference.token_cache_mb * 2**20 if self.reuse else 0)
         self.uploader = ShardUploader(ctx.store, ctx.bus, self.queue, self._uploaded,
                                       cfg.inference.embedding_dtype)
         self.query_ids = query_order(ctx.dataset)
@@ -145,28 +184,56 @@ class Inferencer:
             beating.set()
             beat.join()
 
+        claimed_at = time.time()
         started = time.monotonic()
         try:
+            known = self.models.step
             model, tokenizer = self.models.get(item.step)
-            loaded = time.monotonic()
+            loaded, loaded_at = time.monotonic(), time.time()
             if item.kind is ShardKind.CORPUS:
                 ids = np.arange(item.start, item.stop, dtype=np.int64)
-                texts = [text for _, text in ctx.corpus.iter_range(item.start, item.stop)]
                 max_length, kind = cfg.model.max_doc_length, "document"
             else:  # query shards carry the query ids, so no reader relies on an order
                 ids = np.array(self.query_ids[item.start:item.stop], dtype=np.str_)
-                texts = [ctx.dataset.queries[q] for q in ids]
                 max_length, kind = cfg.model.max_query_length, "query"
-            vectors = encode_texts(model, tokenizer, texts, max_length=max_length, kind=kind,
-                                   batch_size=cfg.inference.batch_size, device=self.device,
-                                   max_tokens_per_batch=self.max_tokens_per_batch,
-                                   progress=self._progress(), background=True)
+            if self.reuse:
+                key = (item.kind, item.start, item.stop, max_length, model.prompt(kind),
+                       self.models.fingerprint)
+                token_ids = self.tokens.get(key)
+                cached = token_ids is not None
+                if token_ids is None:
+                    token_ids = tokenize_texts(tokenizer, self._texts(item, ids), max_length,
+                                               model.prompt(kind))
+                    self.tokens.put(key, token_ids)
+                tokenized, tokenized_at = time.monotonic(), time.time()
+                vectors = encode_ids(model, token_ids, pad_token_id(tokenizer),
+                                     batch_size=cfg.inference.batch_size, device=self.device,
+                                     max_tokens_per_batch=self.max_tokens_per_batch,
+                                     progress=self._progress())
+            else:  # tokenised on a background thread while the model runs, every refresh
+                cached, tokenized, tokenized_at = False, loaded, loaded_at
+                vectors = encode_texts(model, tokenizer, self._texts(item, ids),
+                                       max_length=max_length, kind=kind,
+                                       batch_size=cfg.inference.batch_size, device=self.device,
+                                       max_tokens_per_batch=self.max_tokens_per_batch,
+                                       progress=self._progress(), background=True)
         except BaseException:
             release()
             raise
-        timings = {"load_s": loaded - started, "encode_s": time.monotonic() - loaded}
+        encoded = time.monotonic()
+        timings = {"load_s": loaded - started, "encode_s": encoded - loaded,
+                   "tokenize_s": tokenized - loaded}
+        times = {"claimed_at": claimed_at, "loaded_at": loaded_at, "tokenized_at": tokenized_at,
+                 "encoded_at": time.time(), "tokens_cached": cached,
+                 "model_reloaded": bool(self.models.reloaded) and known != item.step}
         # Stored, announced and acknowledged in the background while the next shard encodes.
-        self.uploader.submit(EncodedShard(item, consumer, ids, vectors, timings, release))
+        self.uploader.submit(EncodedShard(item, consumer, ids, vectors, timings, release,
+                                          times))
+
+    def _texts(self, item: WorkItem, ids: np.ndarray) -> list[str]:
+        if item.kind is ShardKind.CORPUS:
+            return [text for _, text in self.ctx.corpus.iter_range(item.start, item.stop)]
+        return [self.ctx.dataset.queries[q] for q in ids]
 
     def _progress(self) -> Callable[[int], None]:
         """A progress callback that reports the texts encoded so far in the current item."""

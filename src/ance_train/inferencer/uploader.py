@@ -36,6 +36,9 @@ class EncodedShard:
     vectors: np.ndarray
     timings: dict[str, float] = field(default_factory=dict)  # load_s, encode_s, wait_s
     release: Callable[[], None] = lambda: None
+    # The refresh timeline (``shard.encoded``'s ``claimed_at`` … ``encoded_at``, flags);
+    # ``upload_started_at`` is added here.
+    times: dict[str, float | bool] = field(default_factory=dict)
 
 
 class ShardUploader:
@@ -70,6 +73,7 @@ class ShardUploader:
     def _upload(self, shard: EncodedShard) -> None:
         item, timings = shard.item, shard.timings
         started = time.monotonic()
+        shard.times["upload_started_at"] = time.time()
         try:
             key = item.key
             self.store.put_bytes(key, pack_embeddings(shard.ids, shard.vectors, self.dtype))
@@ -79,7 +83,7 @@ class ShardUploader:
             self.bus.publish(ShardEncoded(
                 step=item.step, kind=item.kind, shard=item.shard, key=key,
                 count=len(shard.ids), seconds=seconds, instance=shard.consumer,
-                attempt=item.attempt, finished_at=time.time(),
+                attempt=item.attempt, finished_at=time.time(), **shard.times,
                 **{name: round(value, 4) for name, value in timings.items()}))
             self.queue.done(item)
         except (*REDIS_UNAVAILABLE, StorageError) as error:

@@ -1,7 +1,18 @@
-"""Loads the model of a published checkpoint from the object store, keeping the latest one."""
+"""Loads the model of a published checkpoint from the object store, keeping the latest one.
+
+With ``reuse`` (the inferencer's ``inference.reuse_between_refreshes``) the model stays
+resident between checkpoints: when a new checkpoint differs from the one loaded only in its
+weights (every other file of its MANIFEST has the same sha256: config, tokenizer, pooling and
+prompts), only ``model.safetensors`` (and the projection head) is downloaded and copied into
+the resident model, already converted (bf16 rounds the same way either way, so the result is
+the model a full load gives, bit for bit: ``tests/test_encoding.py``). Anything else, or a
+weight file that does not fit the resident model, loads the whole checkpoint as before.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import threading
 from collections.abc import Callable
@@ -9,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ance_train.config import ModelConfig
-from ance_train.infra.store import ObjectStore
+from ance_train.infra.store import MANIFEST_NAME, CorruptObject, ObjectStore
 from ance_train.protocol import keys
 
 if TYPE_CHECKING:  # torch and transformers are imported on the first load: an indexer that
@@ -22,6 +33,10 @@ if TYPE_CHECKING:  # torch and transformers are imported on the first load: an i
 # The trainer's resume state (optimizer moments: about twice the weights' size) is written
 # into every checkpoint as ``training_state.*``; a model used for encoding never needs it.
 TRAINING_STATE_PREFIX = "training_state."
+# What changes from one checkpoint to the next of a run: the encoder's and the head's weights.
+ENCODER_WEIGHTS = "model.safetensors"
+HEAD_WEIGHTS = "ance_head.safetensors"  # modeling.model.HEAD_FILE
+WEIGHT_FILES = (ENCODER_WEIGHTS, HEAD_WEIGHTS)
 
 
 class ModelCache:
@@ -30,8 +45,14 @@ class ModelCache:
 
     def __init__(self, store: ObjectStore, config: ModelConfig, directory: Path,
                  device: torch.device | None,
-                 prepare: Callable[[BiEncoder], BiEncoder] | None = None) -> None:
+                 prepare: Callable[[BiEncoder], BiEncoder] | None = None,
+                 reuse: bool = False) -> None:
         self.store = store
+        self.reuse = reuse
+        self.reloaded: bool | None = None  # the last new checkpoint was built from scratch
+        # sha256 of the loaded checkpoint's files other than the weights (None: none loaded)
+        self.fingerprint: str | None = None
+        self._others: dict[str, str] | None = None
         self.prepare = prepare
         self.config = config
         self.directory = directory
@@ -51,14 +72,65 @@ class ModelCache:
                 self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             if self.step != step:
                 local = self.directory / str(step)
-                self.store.get_dir(keys.checkpoint(step), local,
-                                   skip=lambda rel: rel.startswith(TRAINING_STATE_PREFIX))
-                model = BiEncoder.from_pretrained(local, self.config).to(self.device).eval()
-                if self.prepare is not None:
-                    model = self.prepare(model)
-                tokenizer = load_tokenizer(local)
+                if not (self.reuse and self._replace_weights(step)):
+                    manifest = self.store.get_dir(
+                        keys.checkpoint(step), local,
+                        skip=lambda rel: rel.startswith(TRAINING_STATE_PREFIX))
+                    model = BiEncoder.from_pretrained(local, self.config).to(self.device).eval()
+                    if self.prepare is not None:
+                        model = self.prepare(model)
+                    self.model, self.tokenizer = model, load_tokenizer(local)
+                    self._remember(manifest)
+                    self.reloaded = True
                 if self.step is not None:
                     shutil.rmtree(self.directory / str(self.step), ignore_errors=True)
-                self.model, self.tokenizer, self.step = model, tokenizer, step
+                self.step = step
             assert self.model is not None and self.tokenizer is not None
             return self.model, self.tokenizer
+
+    def _remember(self, manifest: dict) -> None:
+        others = {rel: info["sha256"] for rel, info in manifest["files"].items()
+                  if rel not in WEIGHT_FILES and not rel.startswith(TRAINING_STATE_PREFIX)}
+        self._others = others
+        self.fingerprint = hashlib.sha256(json.dumps(others, sort_keys=True).encode()
+                                          ).hexdigest()
+
+    def _replace_weights(self, step: int) -> bool:
+        """Copy checkpoint ``step``'s weights into the resident model when nothing else of it
+        differs from the loaded one; False: it must be loaded whole."""
+        import torch
+        from safetensors.torch import load
+
+        if self.model is None or self._others is None:
+            return False
+        prefix = keys.checkpoint(step)
+        manifest = self.store.get_json(f"{prefix}/{MANIFEST_NAME}")
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict) or ENCODER_WEIGHTS not in files:
+            return False
+        others = {rel: info.get("sha256") for rel, info in files.items()
+                  if rel not in WEIGHT_FILES and not rel.startswith(TRAINING_STATE_PREFIX)}
+        head = HEAD_WEIGHTS in files
+        if others != self._others or head != (self.model.projection is not None):
+            return False
+        states = {}
+        for name in WEIGHT_FILES if head else (ENCODER_WEIGHTS,):
+            # Read into memory (verified against the object's own checksum, which put_dir
+            # recorded in the manifest) and parsed there: no local copy to write and sync,
+            # as the weights are needed only until they are copied into the model.
+            data = self.store.get_bytes(f"{prefix}/{name}")
+            if len(data) != files[name].get("size"):
+                raise CorruptObject(f"object {prefix}/{name!r} has {len(data)} bytes but the "
+                                    f"manifest records {files[name].get('size')}")
+            states[name] = load(data)
+        try:
+            with torch.no_grad():
+                self.model.encoder.load_state_dict(states[ENCODER_WEIGHTS], strict=True)
+                if head:
+                    self.model.projection.load_state_dict(states[HEAD_WEIGHTS], strict=True)
+        except RuntimeError:  # keys or shapes that do not fit: a full load sorts it out
+            self.model = self.tokenizer = None  # partly overwritten: never used again
+            self._others = self.step = None
+            return False
+        self.reloaded = False
+        return True

@@ -129,28 +129,39 @@ def padded_batches(
     """Tokenise ``texts`` (in chunks of ``chunk`` texts, or all at once), ``prompt``
     prepended to each (:func:`~ance_train.modeling.model.tokenize`), and yield length-sorted
     batches, each right-padded to its own longest row."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_token_id(tokenizer)
     step = chunk or max(len(texts), 1)
     for offset in range(0, len(texts), step):
-        input_ids = tokenize(
-            tokenizer,
-            texts[offset:offset + step],
-            prompt,
-            truncation=True,
-            max_length=max_length,
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )["input_ids"]
-        lengths = [len(ids) for ids in input_ids]
-        for batch in plan_batches(lengths, batch_size, max_tokens_per_batch):
-            width = lengths[batch[0]]
-            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, index in enumerate(batch):  # right padding: [CLS] stays at position 0
-                ids[row, : lengths[index]] = torch.tensor(input_ids[index])
-                mask[row, : lengths[index]] = 1
-            yield [offset + index for index in batch], ids, mask
+        input_ids = tokenize_texts(tokenizer, texts[offset:offset + step], max_length, prompt)
+        yield from batches_of_ids(input_ids, pad_id, batch_size, max_tokens_per_batch, offset)
+
+
+def pad_token_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def tokenize_texts(tokenizer, texts: Sequence[str], max_length: int,
+                   prompt: str = "") -> list[list[int]]:
+    """The token ids of ``texts`` (``prompt`` prepended), truncated to ``max_length``, unpadded:
+    what :func:`encode_ids` takes."""
+    return tokenize(tokenizer, texts, prompt, truncation=True, max_length=max_length,
+                    padding=False, return_attention_mask=False,
+                    return_token_type_ids=False)["input_ids"]
+
+
+def batches_of_ids(input_ids: Sequence[Sequence[int]], pad_id: int, batch_size: int,
+                   max_tokens_per_batch: int | None = None, offset: int = 0) -> Iterator[Batch]:
+    """Length-sorted batches of already tokenised texts, each right-padded to its longest
+    row; row indices are offset by ``offset``."""
+    lengths = [len(ids) for ids in input_ids]
+    for batch in plan_batches(lengths, batch_size, max_tokens_per_batch):
+        width = lengths[batch[0]]
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, index in enumerate(batch):  # right padding: [CLS] stays at position 0
+            ids[row, : lengths[index]] = torch.as_tensor(input_ids[index])
+            mask[row, : lengths[index]] = 1
+        yield [offset + index for index in batch], ids, mask
 
 
 def in_background(items: Iterator[Batch], depth: int = 4) -> Iterator[Batch]:
@@ -219,15 +230,45 @@ def encode_texts(
     ``model.document_prompt``); None encodes the texts as they are. The model's train/eval
     mode is restored on return.
     """
-    device = torch.device(device)
-    out = np.empty((len(texts), model.dim), dtype=np.float32)
     if not texts:
-        return out
+        return np.empty((0, model.dim), dtype=np.float32)
     batches = padded_batches(tokenizer, texts, max_length, batch_size, max_tokens_per_batch,
                              chunk=BACKGROUND_CHUNK if background else None,
                              prompt=model.prompt(kind))
     if background:
         batches = in_background(batches)
+    return _encode_batches(model, batches, len(texts), device, dtype, progress)
+
+
+def encode_ids(
+    model: BiEncoder,
+    input_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+    max_tokens_per_batch: int | None = None,
+    dtype: torch.dtype | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """:func:`encode_texts` (``background=True``) of texts already tokenised by
+    :func:`tokenize_texts` (prompt included): the same batches, so the same vectors, without
+    tokenising again (the inferencer keeps a shard's ids between refreshes: the corpus never
+    changes)."""
+    if not input_ids:
+        return np.empty((0, model.dim), dtype=np.float32)
+    # Planned per chunk of BACKGROUND_CHUNK texts, as encode_texts(background=True) plans
+    # them: the same batches, so the same bits.
+    batches = (batch for offset in range(0, len(input_ids), BACKGROUND_CHUNK)
+               for batch in batches_of_ids(input_ids[offset:offset + BACKGROUND_CHUNK], pad_id,
+                                           batch_size, max_tokens_per_batch, offset))
+    return _encode_batches(model, batches, len(input_ids), device, dtype, progress)
+
+
+def _encode_batches(model: BiEncoder, batches: Iterator[Batch], count: int,
+                    device: torch.device | str, dtype: torch.dtype | None,
+                    progress: Callable[[int], None] | None) -> np.ndarray:
+    device = torch.device(device)
+    out = np.empty((count, model.dim), dtype=np.float32)
     autocast = autocast_context(dtype, device)
     pin = device.type == "cuda"
     was_training = model.training
@@ -244,6 +285,8 @@ def encode_texts(
                 if progress is not None:
                     progress(len(rows))
     finally:
-        batches.close()  # stops a background producer if a forward pass failed
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # stops a background producer if a forward pass failed
         model.train(was_training)
     return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ance_train.protocol.message import MalformedMessage, Message
 from ance_train.protocol.tables import TableId, TableKind
@@ -40,6 +40,16 @@ class CheckpointPublished(Event):
     step: int = Field(ge=0)
     key: str  # the checkpoint's prefix in the store
     plan: RefreshPlan
+    # The refresh timeline (:mod:`ance_train.observability.timeline`), Unix wall-clock times
+    # of the trainer: the local save in the loop, the upload on the publisher thread, and the
+    # moment its work was about to be queued (replicas may claim it from then on; this event
+    # follows). None: not recorded (an older trainer, or a checkpoint announced again by a
+    # restarted trainer).
+    save_started_at: float | None = None
+    saved_at: float | None = None
+    upload_started_at: float | None = None
+    uploaded_at: float | None = None
+    published_at: float | None = None
 
     @model_validator(mode="after")
     def _plan_of_this_step(self) -> CheckpointPublished:
@@ -64,6 +74,20 @@ class ShardEncoded(Event):
     encode_s: float = 0.0
     upload_s: float = 0.0
     wait_s: float = 0.0  # waiting for the previous shard's upload
+    # The refresh timeline, Unix wall-clock times of the replica (None: not recorded): item
+    # claimed, checkpoint loaded, texts tokenised (or their cached ids found), encoded, and
+    # the upload started (``finished_at``: stored). ``tokenize_s`` is included in
+    # ``encode_s``; ``model_reloaded``: the whole model was built (False: kept resident,
+    # only its weights replaced, or already the checkpoint's); ``tokens_cached``: the
+    # shard's token ids came from the replica's cache.
+    claimed_at: float | None = None
+    loaded_at: float | None = None
+    tokenized_at: float | None = None
+    encoded_at: float | None = None
+    upload_started_at: float | None = None
+    tokenize_s: float = 0.0
+    model_reloaded: bool | None = None
+    tokens_cached: bool | None = None
 
 
 class ShardFailed(Event):
@@ -150,6 +174,28 @@ class TablesInUse(Event):
     needed_from: int | None = Field(None, ge=0)
 
 
+class IndexerTimes(BaseModel):
+    """When the indexer did what for one refresh (Unix wall-clock seconds of its host):
+    the plan complete (its last shard's ``shard.encoded`` read), the index finished (the shards
+    not added while encoding, then finalised), the training queries searched, the negatives
+    mined and stored, the evaluation done (its searches take ``eval_search_s``), and the
+    moment the report and then ``negatives.ready`` were about to be written
+    (``announced_at``). With index partitions (partition 0's merge) "build" is reading the
+    partitions' lists and "search" is empty: the partitions built and searched before."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    complete_at: float | None = None
+    build_started_at: float
+    built_at: float
+    searched_at: float
+    mined_at: float
+    evaluated_at: float
+    eval_search_s: float = 0.0
+    announced_at: float
+    mining_parallel_to_eval: bool = False  # mining and evaluation ran at the same time
+
+
 class EvalCompleted(Event):
     TYPE: ClassVar[str] = "eval.completed"
 
@@ -158,6 +204,8 @@ class EvalCompleted(Event):
     metrics: dict[str, dict[str, float]]  # split -> measure -> value
     timings: dict[str, float] = Field(default_factory=dict)  # build_s, mine_s, eval_s
     diagnostics: dict[str, Any] = Field(default_factory=dict)
+    # The indexer's part of the refresh timeline, Unix wall-clock times (None: not recorded).
+    times: IndexerTimes | None = None
 
 
 class RunFinished(Event):
@@ -172,6 +220,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
-__all__ = ["EVENT_TYPES", "CheckpointPublished", "EvalCompleted", "Event", "MalformedMessage",
+__all__ = ["EVENT_TYPES", "CheckpointPublished", "EvalCompleted", "Event", "IndexerTimes",
+           "MalformedMessage",
            "NegativesReady", "PartitionSearched", "RunFinished", "ShardEncoded", "ShardFailed",
            "TablesInUse"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,6 +74,9 @@ class CheckpointPublisher:
         self.keep_local = keep_local
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publisher")
         self._pending: list[Future] = []
+        # step -> Unix times of its local save (started, done): the refresh timeline's first
+        # row, sent with checkpoint.published.
+        self._saved: dict[int, tuple[float, float]] = {}
 
     def save(self, step: int, model: BiEncoder, tokenizer, state: TrainingState,
              disk_usage: DiskUsageFn = shutil.disk_usage) -> Path:
@@ -92,10 +96,12 @@ class CheckpointPublisher:
         except InsufficientDisk:
             self.flush()
             raise
+        started = time.time()
         if directory.exists():
             shutil.rmtree(directory)
         model.save(directory, tokenizer)
         state.save(directory)
+        self._saved[step] = (started, time.time())
         return directory
 
     def fetch(self, step: int) -> Path:
@@ -120,16 +126,24 @@ class CheckpointPublisher:
         return future
 
     def _publish(self, step: int, directory: Path) -> None:
+        upload_started = time.time()
         self.store.put_dir(keys.checkpoint(step), directory)
-        self._announce(step)
+        save_started, saved = self._saved.pop(step, (None, None))
+        self._announce(step, save_started_at=save_started, saved_at=saved,
+                       upload_started_at=upload_started, uploaded_at=time.time())
         self._prune_local(keep=step)
 
-    def _announce(self, step: int) -> None:
+    def _announce(self, step: int, **times: float | None) -> None:
+        """Queue the checkpoint's shards and publish it; ``times``: its timeline so far
+        (:class:`CheckpointPublished`'s ``*_at`` fields; none when announced again)."""
         plan = RefreshPlan.for_run(step, self.config, self.dataset)
+        if times:  # from here on the checkpoint is visible: replicas may claim its work
+            times["published_at"] = time.time()
         self.bus.set_latest_checkpoint(step)
         self.queue.enqueue(plan.work(ShardKind.CORPUS))
         self.queue.enqueue(plan.work(ShardKind.QUERIES))
-        self.bus.publish(CheckpointPublished(step=step, key=keys.checkpoint(step), plan=plan))
+        self.bus.publish(CheckpointPublished(step=step, key=keys.checkpoint(step), plan=plan,
+                                             **times))
         log.info("checkpoint %d published (%d corpus + %d query shards)", step,
                  len(plan.corpus_ranges), len(plan.query_ranges))
 

@@ -52,6 +52,9 @@ class NegativesFeed:
         self.ann: NegativesTable | None = None
         self.dual: NegativesTable | None = None
         self.error: BaseException | None = None  # what stopped the feed thread, if anything
+        # The refresh timeline's last rows: refresh step -> Unix times its negatives.ready was
+        # read (``received_at``) and its tables were downloaded and swapped in (``held_at``).
+        self.swap_times: dict[int, dict[str, float]] = {}
         self._arrived = threading.Condition()
         self._thread = threading.Thread(target=self._listen, name="negatives-feed", daemon=True)
 
@@ -110,6 +113,7 @@ class NegativesFeed:
                 self._arrived.notify_all()
 
     def _handle(self, event: NegativesReady) -> None:
+        received = time.time()
         for table in event.tables:
             held = getattr(self, table.kind.value)
             if table.kind is TableKind.BM25:
@@ -121,9 +125,14 @@ class NegativesFeed:
                          held.step)
                 continue
             try:
-                self._set(table, self._load(table))
+                loaded = self._load(table)
             except StorageError as error:
                 log.error("cannot load negatives %s: %s", table.key, error)
+                continue
+            if table.step is not None and table.kind is not TableKind.BM25:
+                # Before the swap: the loop may build its next batch on it at once.
+                self.swap_times[table.step] = {"received_at": received, "held_at": time.time()}
+            self._set(table, loaded)
 
     def _path(self, table: TableId) -> Path | None:
         """The local file of ``table`` (its object key under the cache directory)."""

@@ -43,6 +43,7 @@ from ance_train.modeling.precision import autocast_context
 from ance_train.modeling.source import base_model_dir
 from ance_train.negatives.strategies.random import RandomNegatives
 from ance_train.observability.telemetry import TrainerTelemetry
+from ance_train.observability.timeline import swap_scalars
 from ance_train.observability.tracking import Tracking, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
@@ -258,9 +259,7 @@ class Trainer:
                 broadcast_object(_Next(upcoming), self.dist)
                 pending = None if upcoming is None else self.preparer.submit(upcoming)
                 if current.table_step is not None and current.table_step != self.in_use_step:
-                    self.record.swaps.append({"step": self.step,
-                                              "negatives_step": current.table_step})
-                    self.in_use_step = current.table_step
+                    self._swapped(current.table_step)
                 self.record.torch_threads.append(
                     torch.get_num_threads() if self.threads is None
                     else self.threads.before_step())
@@ -292,6 +291,18 @@ class Trainer:
             self.telemetry.finished(self.step)
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
         return self.record
+
+    def _swapped(self, table_step: int) -> None:
+        """The step about to train is the first on the table of ``table_step`` (-1: BM25):
+        recorded with the feed's times (the refresh timeline's last rows, also tracked at
+        global step = the table's checkpoint step)."""
+        swap = {"step": self.step, "negatives_step": table_step}
+        times = self.feed.swap_times.get(table_step)
+        if times is not None:
+            swap.update(times, used_at=time.time())
+            self.tracking.scalars(table_step, swap_scalars(swap))
+        self.record.swaps.append(swap)
+        self.in_use_step = table_step
 
     def _plan(self, step: int) -> PlannedBatch:
         """Global batch ``step`` on the negatives held now (rank 0)."""
@@ -484,6 +495,9 @@ class Trainer:
             "async_gaps": rec.async_gaps,
             "negatives_steps": rec.negatives_steps,
             "swaps": rec.swaps,
+            # Every refresh table the feed swapped in (a step may never train on one that a
+            # newer table overtook): refresh step -> Unix times it was read and swapped in.
+            "tables_swapped_in": {str(k): v for k, v in sorted(self.feed.swap_times.items())},
             "checkpoints": rec.checkpoints,
             "resumed_from": rec.resumed_from,
             "step_seconds": rec.step_seconds,
