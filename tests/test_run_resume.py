@@ -164,7 +164,9 @@ def test_resume_refuses_a_changed_configuration(tmp_path: Path, scifact_subset,
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "precious.txt"]
 
     safe = load_config(changed, ["inference.replicas=3", "services.restart.max_restarts=9",
-                                 "training.torch_threads=2"])
+                                 "training.torch_threads=2",
+                                 "inference.reuse_between_refreshes=false",
+                                 "inference.token_cache_mb=0"])
     assert resume_conflicts(stored, safe) == []
     unsafe = load_config(changed, ["training.steps=80", "model.max_doc_length=64"])
     assert [c.split(":")[0] for c in resume_conflicts(stored, unsafe)] == [

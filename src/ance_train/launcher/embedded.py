@@ -138,6 +138,7 @@ class RunResult:
 RESUME_SAFE_FIELDS = ("output_dir", "services", "tracking", "index.search",
                       "inference.replicas", "inference.torch_threads",
                       "inference.claim_timeout_s", "inference.max_attempts",
+                      "inference.reuse_between_refreshes", "inference.token_cache_mb",
                       "training.torch_threads", "training.torch_threads_between_refreshes",
                       "training.max_restarts")
 
