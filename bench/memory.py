@@ -1,8 +1,8 @@
 """Peak memory of each service at two corpus sizes, through the real embedded run.
 
-For each size a synthetic BEIR corpus of short documents (``common.synthetic.write_beir``;
-the same queries count at every size) is trained on by ``ance-train run`` with a tiny
-randomly initialised BERT (2 layers, hidden 32) whose projection head gives 384-d
+For each size a synthetic BEIR corpus of short documents (``support.synthetic.write_beir`` of
+tests/support/; the same queries count at every size) is trained on by ``ance-train run``
+with a tiny randomly initialised BERT (2 layers, hidden 32) whose projection head gives 384-d
 embeddings, so encoding is fast but the index has a real embedding size. The run does two
 refreshes (checkpoint 0 and the final one). Every service is its own OS process; the peak
 RSS of each is read from the kernel's high-water mark (``VmHWM`` in ``/proc/<pid>/status``,

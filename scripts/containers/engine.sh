@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sourced by scripts/build_image.sh and scripts/containers/play_chart.sh: the container engine
-# (podman, or buildah for builds only) with the settings hosts like ours need.
+# Sourced by scripts/build_image.sh, scripts/containers/play_chart.py and bench/containers.py:
+# the container engine (podman, or buildah for builds only) with the settings hosts like ours
+# need.
 #
 # On a host whose cgroups are mounted in hybrid mode (/sys/fs/cgroup/unified exists), podman's
 # default OCI runtime crun refuses to start a container ("cgroups in hybrid mode not
@@ -9,7 +10,7 @@
 # ANCE_CONTAINER_COMPAT=1 forces those settings, =0 turns them off. The storage driver is
 # overlay (ANCE_STORAGE_DRIVER=vfs where the kernel has no overlayfs: it works everywhere but
 # copies the whole image for every container, about 20 s and 2 GB per start of ance-train's).
-# ../shared/CONTAINERS.md (outside this repository) records how they were found.
+# docs/deployment.md, section 9, lists the failures these settings answer.
 set -euo pipefail
 
 ance_engine_compat() {

@@ -7,7 +7,7 @@
  * same C signatures and enum values in cuBLAS 12 and 13, so this library, named
  * libcublas.so.12 with that symbol version, forwards each to libcublas.so.13.
  * A benchmark harness for that one machine, not part of ance-train: users get the real
- * CUDA 12 libraries from pip. Built by scripts/offline_gpu/pack.sh:
+ * CUDA 12 libraries from pip. Built by scripts/offline_gpu/pack_checks.sh:
  *
  *   gcc -shared -fPIC -O2 -Wl,-soname,libcublas.so.12 \
  *       -Wl,--version-script=cublas12_shim.map cublas12_shim.c -ldl -o libcublas.so.12
