@@ -77,7 +77,7 @@ index: {eval_splits: [dev, test]}
 YAML
 step ance-train validate --config "$work/my-run.yaml"
 step ance-train run --config "$work/my-run.yaml"
-step ance-train export --run "$work/runs/my-run" --checkpoint best --out "$work/my-model"
+step ance-train export --run "$work/runs/my-run/config.yaml" --checkpoint best --out "$work/my-model"
 step ance-train export-negatives --run "$work/runs/my-run" --checkpoint 40 \
   --format tevatron --out "$work/negatives-40.jsonl"
 head -c 400 "$work/negatives-40.jsonl"; echo
