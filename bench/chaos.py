@@ -485,7 +485,7 @@ def run_checks(run) -> dict:
         not positives_found, positives_found[:5] or f"{len(steps)} tables")
 
     summary = store.get_json(keys.TRAINER_SUMMARY)
-    total = cfg.training.steps
+    total = cfg.training.total_steps
     per_step = {name: len(value) for name, value in summary.items()
                 if isinstance(value, list) and name in PER_STEP}
     checks["every training step recorded once"] = _check(

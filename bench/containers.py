@@ -200,7 +200,7 @@ class PlayedRun:
                 if code != 0:
                     raise RuntimeError(f"trainer exited {code}:\n{self.logs('trainer')}")
                 # The indexer evaluates the final checkpoint after the trainer exits.
-                final = self.config.training.steps
+                final = self.config.training.total_steps
                 while time.monotonic() - start < timeout_s:
                     if self.store.exists(f"eval/{final}.json"):
                         return time.monotonic() - start

@@ -124,6 +124,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="Override the profile's steps (tests).")
     parser.add_argument("--refresh-every", type=int, help="Override the refresh interval.")
     parser.add_argument("--max-doc-length", type=int, help="Override the document length.")
+    parser.add_argument(
+        "--select", choices=SELECTION_RULES, default="best",
+        help="Which checkpoint of a run is reported: best (the highest dev nDCG@10; the "
+             "default) or earliest-within-noise (the earliest whose dev nDCG@10 reaches the "
+             "lower end of the best's bootstrap 95%% interval, eval reports' ci95). Which "
+             "should be the default needs dev-side comparison runs not made yet.")
     parser.add_argument("--runs-dir", type=Path, help="Where runs go (default: a temp dir).")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="With --runs-dir: keep model checkpoints and work directories too "
@@ -230,9 +236,34 @@ def finished_run(config: dict, config_path: Path, run_dir: Path) -> dict | None:
         return None
     summary = json.loads(summary_path.read_text())
     trainer = summary.get("trainer", {})
-    if not trainer.get("finished") or trainer.get("steps") != config["training"]["steps"]:
+    budget = trainer.get("budget", {}).get("steps", config["training"].get("steps"))
+    if not trainer.get("finished") or (trainer.get("steps") != budget
+                                       and not trainer.get("stopped_early")):
         return None
     return summary
+
+
+SELECTION_RULES = ("best", "earliest-within-noise")
+
+
+def select_checkpoint(refreshes: list[dict], rule: str = "best",
+                      measure: str = "ndcg@10") -> dict:
+    """The refresh reported for a run, by dev ``measure``. ``best``: the highest (the
+    earliest of equals). ``earliest-within-noise``: the earliest whose value reaches the lower
+    end of the best's bootstrap 95% interval (``ci95`` of its eval report,
+    ``evaluation.bootstrap_ci``), i.e. no worse than the best by more than the dev set's
+    noise; the best itself when its report has no interval."""
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"unknown selection rule {rule!r}: expected one of {SELECTION_RULES}")
+    best = max(refreshes, key=lambda r: (r["metrics"]["dev"][measure], -r["step"]))
+    if rule == "best":
+        return best
+    interval = best.get("ci95", {}).get("dev", {}).get(measure)
+    if interval is None:
+        return best
+    floor = interval[0]
+    return min((r for r in refreshes if r["metrics"]["dev"][measure] >= floor),
+               key=lambda r: r["step"])
 
 
 def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:
@@ -265,17 +296,19 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
     for evaluation in summary["evaluations"]:
         stored = json.loads((store / f"{evaluation['step']}.json").read_text())
         refreshes.append({"step": evaluation["step"], "metrics": evaluation["metrics"],
+                          "ci95": stored.get("ci95", {}),
                           "diagnostics": stored.get("diagnostics", {})})
     if not refreshes or refreshes[0]["step"] != 0:
         raise RuntimeError(f"{method} (seed {seed}): no evaluation of checkpoint 0 in "
                            f"{run_dir / 'summary.json'}; the zero-shot reference is missing")
     if not args.keep_checkpoints:
         prune_run(run_dir, config["run_id"])
-    best = max(refreshes, key=lambda r: (r["metrics"]["dev"]["ndcg@10"], -r["step"]))
+    best = select_checkpoint(refreshes, args.select)
     trainer = summary["trainer"]
     return {"method": args.label or method, "base_method": method,
             "overrides": args.overrides, "seed": seed, "minutes": minutes,
-            "selected_step": best["step"], "dev": best["metrics"]["dev"],
+            "selected_step": best["step"], "selection": args.select,
+            "dev": best["metrics"]["dev"],
             "test": best["metrics"]["test"], "refreshes": refreshes,
             "losses": trainer["losses"], "swaps": trainer["swaps"],
             **({"peer": summary["peer"]} if "peer" in summary else {}),

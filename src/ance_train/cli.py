@@ -280,8 +280,9 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")],
     settings that change nothing)."""
     import tempfile
 
+    from ance_train.config import ConfigError, resolve_budget
     from ance_train.data.problems import DataError
-    from ance_train.data.validation import validate_dataset
+    from ance_train.data.validation import dev_size_warning, validate_dataset
     from ance_train.infra.store import StorageError
     from ance_train.modeling.files import ModelLoadError, check_encoder
     from ance_train.modeling.source import resolve_model
@@ -296,7 +297,19 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")],
     except (DataError, ModelLoadError, StorageError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
-    console.print(f"ok: {_describe_dataset(index)}")
+    described = _describe_dataset(index)
+    if (small_dev := dev_size_warning(index)) is not None:
+        err.print(f"[yellow]warning:[/] {small_dev}")
+    try:
+        cfg = resolve_budget(cfg, index.trainable_queries)
+    except ConfigError as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+    training = cfg.training
+    budget = (f"{training.total_steps} steps" if training.epochs is None else
+              f"{training.total_steps} steps ({training.epochs} epochs × "
+              f"{training.steps_per_epoch})")
+    console.print(f"ok: {described}; training {budget}")
 
 
 @app.command()
@@ -462,6 +475,10 @@ def plan(
         raise typer.Exit(2)
     cfg = _load(config, overrides) if config else None
     try:
+        if cfg is not None:  # training.epochs → steps: what the checkpoint count follows
+            from ance_train.config import resolve_budget
+
+            cfg = resolve_budget(cfg, train_queries)
         if throughput_json is not None:
             planned = (precision.value if precision is not None
                        else _planned_precision(cfg.inference if cfg else None))

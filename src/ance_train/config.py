@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    PrivateAttr,
     SerializeAsAny,
     ValidationError,
     field_validator,
@@ -288,10 +289,44 @@ class ModelConfig(_Strict):
         return S3Url.parse(self.path).as_prefix() if self.path.startswith(S3_SCHEME) else None
 
 
-class TrainingConfig(_Strict):
-    """Trainer settings (ANCE §5 / A.1 defaults where the paper gives them)."""
+DEFAULT_STEPS = 1000  # training.steps when neither steps nor epochs is given
 
-    steps: int = Field(1000, ge=1)
+# Dev queries below which ``validate`` / ``run`` warn that checkpoint selection (best dev
+# nDCG@10, early stopping) is mostly noise. Per-query nDCG@10 has a standard deviation of about
+# 0.3 on BEIR-style sets, so the standard error of the mean over n queries is ~0.3 / sqrt(n):
+# 0.04 at 50 queries, already the size of the differences between successive checkpoints of
+# one run, and 0.1 at 10. Below 50 the bootstrap interval each eval report carries is wider
+# than what selection tries to tell apart; raise ``data.dev_fraction`` or give a dev split.
+MIN_DEV_QUERIES = 50
+
+
+class EarlyStoppingConfig(_Strict):
+    """End training when the dev metric stops improving (trainer/early_stopping.py): after
+    ``patience`` consecutive evaluated checkpoints none of which beats the best value so far by
+    more than ``min_delta``, the trainer saves a final checkpoint and finishes the run."""
+
+    patience: int = Field(3, ge=1, description="Non-improving evaluated checkpoints (refreshes) "
+                                               "in a row that end training.")
+    min_delta: float = Field(0.0, ge=0.0, description="How much a checkpoint must beat the best "
+                                                      "dev value by to count as improving.")
+    metric: Literal["ndcg@10", "mrr@10", "recall@100", "recall@1000"] = "ndcg@10"
+
+
+class TrainingConfig(_Strict):
+    """Trainer settings (ANCE §5 / A.1 defaults where the paper gives them).
+
+    The budget is ``steps`` or ``epochs`` (exactly one; neither: ``steps`` 1000). ``epochs``
+    becomes steps once the dataset is known, :func:`resolve_budget` — the one function the
+    trainer, the launcher, the planner and every service call; :attr:`total_steps` is the
+    resolved count that :meth:`is_checkpoint_step` follows."""
+
+    steps: int | None = Field(None, ge=1)
+    epochs: int | None = Field(
+        None, ge=1, description="Passes over the training queries (those with a positive): "
+                                "epochs × ceil(queries / batch_size) steps; batch_size is the "
+                                "global batch, whatever training.processes. Excludes steps.")
+    early_stopping: EarlyStoppingConfig | None = Field(
+        None, description="Stop when dev stops improving (off when absent).")
     batch_size: int = Field(16, ge=1)
     learning_rate: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
@@ -323,15 +358,47 @@ class TrainingConfig(_Strict):
                                 "this many texts at a time with the graph; the loss is still "
                                 "that of the whole batch. None or 0: off.")
 
+    _resolved_steps: int | None = PrivateAttr(None)  # epochs → steps (resolve_budget)
+    _steps_per_epoch: int | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_budget(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            steps, epochs = data.get("steps"), data.get("epochs")
+            if steps is not None and epochs is not None:
+                raise ValueError("give training.steps or training.epochs, not both")
+            if steps is None and epochs is None:
+                data = {**data, "steps": DEFAULT_STEPS}
+        return data
+
+    @property
+    def total_steps(self) -> int:
+        """The steps of the run: ``steps``, or ``epochs`` resolved by :func:`resolve_budget`
+        (a ``ValueError`` before then: nothing may guess the count without the dataset)."""
+        if self.steps is not None:
+            return self.steps
+        if self._resolved_steps is None:
+            raise ValueError("training.epochs is not resolved to steps yet: call "
+                             "ance_train.config.resolve_budget with the dataset's training "
+                             "queries first")
+        return self._resolved_steps
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps of one pass over the training queries (known once resolved)."""
+        return self._steps_per_epoch
+
     def is_checkpoint_step(self, step: int) -> bool:
         """Whether the trainer saves a checkpoint (and so a refresh starts) after ``step``:
-        step 0 (the starting weights), every ``refresh_every`` steps and the last step. The
-        one rule the trainer's ranks and the capacity plan both follow."""
-        return step == 0 or step % self.refresh_every == 0 or step == self.steps
+        step 0 (the starting weights), every ``refresh_every`` steps and the last step
+        (:attr:`total_steps`). The one rule the trainer's ranks and the capacity plan both
+        follow (an early stop adds one final checkpoint: trainer/early_stopping.py)."""
+        return step == 0 or step % self.refresh_every == 0 or step == self.total_steps
 
     def checkpoint_steps(self) -> list[int]:
         """Every step :meth:`is_checkpoint_step` saves a checkpoint at, in order."""
-        return [step for step in range(self.steps + 1) if self.is_checkpoint_step(step)]
+        return [step for step in range(self.total_steps + 1) if self.is_checkpoint_step(step)]
 
     @model_validator(mode="after")
     def _check_processes(self) -> TrainingConfig:
@@ -835,9 +902,11 @@ class RunConfig(_Strict):
                              f"pool {_pools_with('mines_ann', neg)}, not {neg.pool}")
         for loss in neg.loss_strategies:
             loss.check(self)
-        if neg.warmup_steps >= self.training.steps:
-            raise ValueError(f"negatives.warmup_steps ({neg.warmup_steps}) must be below "
-                             f"training.steps ({self.training.steps})")
+        if self.training.steps is not None:  # epochs: checked by resolve_budget
+            _check_warmup(self, self.training.steps)
+        if self.training.early_stopping is not None and "dev" not in self.index.eval_splits:
+            raise ValueError("training.early_stopping watches the dev split: keep dev in "
+                             f"index.eval_splits (now {list(self.index.eval_splits)})")
         return self
 
     def no_op_settings(self) -> list[str]:
@@ -868,6 +937,56 @@ class RunConfig(_Strict):
                          f"negatives.warmup_steps it lasts until the first ANN negatives, and "
                          f"pool {neg.pool} mines none; give warmup_steps, or warmup: none")
         return found
+
+
+def _check_warmup(config: RunConfig, steps: int) -> None:
+    warmup = config.negatives.warmup_steps
+    if warmup >= steps:
+        raise ValueError(f"negatives.warmup_steps ({warmup}) must be below the run's "
+                         f"{steps} training steps")
+
+
+def steps_per_epoch(train_queries: int, batch_size: int) -> int:
+    """Steps of one pass over ``train_queries`` queries (those with a positive) in global
+    batches of ``batch_size`` (the trainer's batch is capped at the query count)."""
+    if train_queries < 1:
+        raise ValueError("no training query with a positive: an epoch has no step")
+    return -(-train_queries // min(batch_size, train_queries))
+
+
+def resolve_budget(config: RunConfig, train_queries: int) -> RunConfig:
+    """``config`` with its step budget known: ``training.epochs`` × :func:`steps_per_epoch`
+    of ``train_queries`` (the dataset's training queries with a positive,
+    ``DatasetIndex.trainable_queries``), or ``training.steps`` as given. The one place the
+    count is computed: the trainer, the launcher, the planner and every service
+    (``runtime.connect_context``) call it. The configuration itself (what is dumped and
+    compared on resume) keeps ``epochs``; :attr:`TrainingConfig.total_steps` gives the
+    steps. ``ConfigError`` when ``negatives.warmup_steps`` does not fit the budget."""
+    training = config.training
+    per_epoch = steps_per_epoch(train_queries, training.batch_size) if train_queries else None
+    if training.epochs is None:
+        resolved = training.model_copy()
+        resolved._resolved_steps = training.steps
+        resolved._steps_per_epoch = per_epoch
+    else:
+        if per_epoch is None:
+            raise ConfigError("training.epochs: the dataset has no training query with a "
+                              "positive, so an epoch has no step")
+        resolved = training.model_copy()
+        resolved._resolved_steps = training.epochs * per_epoch
+        resolved._steps_per_epoch = per_epoch
+        try:
+            _check_warmup(config, resolved._resolved_steps)
+        except ValueError as error:
+            raise ConfigError(f"training.epochs {training.epochs} × {per_epoch} steps: "
+                              f"{error}") from None
+    return config.model_copy(update={"training": resolved})
+
+
+def budget_summary(training: TrainingConfig) -> dict[str, int | None]:
+    """What the trainer's summary records about the budget (``budget``)."""
+    return {"steps": training.total_steps, "epochs": training.epochs,
+            "steps_per_epoch": training.steps_per_epoch}
 
 
 def _pools_with(flag: str, negatives: NegativesConfig) -> str:

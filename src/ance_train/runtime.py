@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_exponential
 
-from ance_train.config import RunConfig, load_config
+from ance_train.config import RunConfig, load_config, resolve_budget
 from ance_train.data.corpus import Corpus, open_corpus
 from ance_train.data.dataset import DatasetIndex, load_dataset_index
 from ance_train.data.validation import validate_dataset
@@ -146,6 +146,7 @@ def connect_context(options: ServiceOptions) -> ServiceContext:
     bus.wait_for_redis(client)
     wait_for_dataset(store, dataset_timeout_s(), log)
     dataset = fetch_dataset(store, work_dir / "data")
+    config = resolve_budget(config, dataset.trainable_queries)  # training.epochs → steps
     corpus = open_corpus(config.data, work_dir / "data")
     return ServiceContext(options=options, config=config, log=log, work_dir=work_dir,
                           store=store, redis=client, bus=bus.EventBus(client, config.run_id),

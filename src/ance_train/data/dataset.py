@@ -51,6 +51,12 @@ class DatasetIndex:
         judged: Qrels = getattr(self, split)
         return sorted(doc for doc, rel in judged[query_id].items() if is_positive(rel))
 
+    @property
+    def trainable_queries(self) -> int:
+        """Training queries with a positive: what one epoch passes over (the trainer's
+        ``BatchBuilder`` cycles through exactly these; ``config.resolve_budget``)."""
+        return sum(1 for qid in self.train if self.positives(qid))
+
     def to_json(self) -> str:
         def split(qrels: Qrels) -> dict[str, dict[str, int]]:
             return {q: {str(d): r for d, r in docs.items()} for q, docs in qrels.items()}

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ance_train.config import DataConfig
+from ance_train.config import MIN_DEV_QUERIES, DataConfig
 from ance_train.data.dataset import DatasetIndex, Qrels, is_positive
 from ance_train.data.formats import (
     DatasetFiles,
@@ -217,6 +217,21 @@ def _split_train(train: Qrels, cfg: DataConfig, seed: int,
         {q: docs for q, docs in train.items() if q in keep},
         {q: docs for q, docs in train.items() if q in dev_ids},
     )
+
+
+def dev_size_warning(index: DatasetIndex) -> str | None:
+    """A warning when the dev split is too small for checkpoint selection to mean much
+    (fewer than :data:`~ance_train.config.MIN_DEV_QUERIES` queries; the reasoning is there);
+    ``validate`` and ``run`` print it. Not one of the index's own warnings: the dataset is
+    valid, only the selection made on it is weak."""
+    n = len(index.dev)
+    if n >= MIN_DEV_QUERIES:
+        return None
+    return (f"the dev split has {n} quer{'y' if n == 1 else 'ies'}, below {MIN_DEV_QUERIES}: "
+            "the best checkpoint on dev nDCG@10 (export --checkpoint best, early stopping, "
+            "bench/quality.py) is chosen within noise of about ±0.3/sqrt(n) "
+            f"(±{0.3 / max(n, 1) ** 0.5:.2f}); raise data.dev_fraction / data.dev_max_queries "
+            "or give a dev qrels file, and read each eval report's dev_ci95")
 
 
 def validate_dataset(cfg: DataConfig, cache_dir: str | Path, seed: int = 42) -> DatasetIndex:

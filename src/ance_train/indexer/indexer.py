@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ance_train.evaluation import evaluate
+from ance_train.evaluation import CI_MEASURE, evaluate_with_interval, format_interval
 from ance_train.index.ann import AnnIndex, use_gpu
 from ance_train.index.merge import merge_topk
 from ance_train.indexer.build import ShardedBuild
@@ -441,14 +441,15 @@ class Indexer:
 
         ctx.state.update(phase=f"evaluating {step}")
         started = time.monotonic()
-        metrics = self.evaluate(index, queries, cancel, marks=marks)
+        intervals: dict[str, dict[str, list[float]]] = {}
+        metrics = self.evaluate(index, queries, cancel, marks=marks, intervals=intervals)
         eval_s = time.monotonic() - started
         marks["evaluated_at"] = time.time()
         timings = {"build_s": build_s, "mine_s": mine_s, "eval_s": eval_s,
                    "shards_added_early": float(early)}
         # The index serves searches from now on; then the events go out.
         self.search.serve(ServedIndex(step, index))
-        self._announce(step, table, dual, diagnostics, metrics, timings, marks)
+        self._announce(step, table, dual, diagnostics, metrics, timings, marks, intervals)
 
     def build_part(self, step: int) -> None:
         """P > 1: build this partition's index of ``step``, search every query, store the
@@ -544,7 +545,8 @@ class Indexer:
 
         ctx.state.update(phase=f"evaluating {step}")
         started = time.monotonic()
-        metrics = self.evaluate(view, queries, cancel, merged)
+        intervals: dict[str, dict[str, list[float]]] = {}
+        metrics = self.evaluate(view, queries, cancel, merged, intervals=intervals)
         eval_s = time.monotonic() - started
         marks["evaluated_at"] = time.time()
         events = self.searched[step].values()
@@ -554,21 +556,25 @@ class Indexer:
                    "merge_s": merge_s, "mine_s": mine_s, "eval_s": eval_s}
         ctx.log.info("checkpoint %d: merged %d partitions' lists (%d corpus shards read back "
                      "for vectors)", step, self.partitions, view.shards_read)
-        self._announce(step, table, dual, diagnostics, metrics, timings, marks)
+        self._announce(step, table, dual, diagnostics, metrics, timings, marks, intervals)
         for old in [s for s in self.searched if s <= step]:
             self.searched.pop(old, None)
 
     def _announce(self, step: int, table: NegativesTable | None, dual: NegativesTable | None,
-                  diagnostics: dict, metrics: dict, timings: dict, marks: dict) -> None:
+                  diagnostics: dict, metrics: dict, timings: dict, marks: dict,
+                  intervals: dict | None = None) -> None:
         """Store the evaluation report, then publish ``negatives.ready`` and
         ``eval.completed`` of ``step`` (the tables are stored already). ``marks``: the
-        indexer's times of the refresh timeline."""
+        indexer's times of the refresh timeline; ``intervals``: split → measure → the
+        bootstrap 95% interval (the report's ``ci95``, :func:`~ance_train.evaluation.
+        bootstrap_ci`)."""
         ctx = self.ctx
         times = IndexerTimes(complete_at=self.completed_wall.get(step),
                              announced_at=time.time(), **marks)
         timeline = self._timeline(step, times)
         ctx.store.put_json(keys.eval_report(step), {"step": step, "metrics": metrics,
                                                     "timings": timings,
+                                                    "ci95": intervals or {},
                                                     "diagnostics": diagnostics,
                                                     "times": times.model_dump(),
                                                     "timeline": timeline})
@@ -591,6 +597,13 @@ class Indexer:
                 for name, value in values.items()}
         ctx.state.update(state="idle", phase="waiting for shards", index_step=step, metrics=flat)
         ctx.log.info("checkpoint %d indexed: %s", step, json.dumps(metrics))
+        for split, values in metrics.items():  # the noise of each split's nDCG@10
+            if CI_MEASURE in values:
+                ctx.log.info("checkpoint %d %s %s %s (bootstrap 95%%, %d queries)", step,
+                             split, CI_MEASURE,
+                             format_interval(values[CI_MEASURE],
+                                             (intervals or {}).get(split, {}).get(CI_MEASURE)),
+                             len(getattr(ctx.dataset, split)))
         for old in [s for s in {*self.plans, *self.shard_events} if s <= step]:
             self._forget(old)
         self.retain()
@@ -710,10 +723,12 @@ class Indexer:
 
     def evaluate(self, index: AnnIndex | MergedIndex, queries: QueryVectors,
                  cancel: Callable[[], None], searched: dict[str, TopK] | None = None,
-                 marks: dict[str, float] | None = None) -> dict:
+                 marks: dict[str, float] | None = None,
+                 intervals: dict[str, dict[str, list[float]]] | None = None) -> dict:
         """Metrics per evaluated split; ``searched``: the merged lists per split
         (partitions), else ``index`` is searched here (``marks["eval_search_s"]``: the
-        seconds those searches took)."""
+        seconds those searches took; ``intervals[split][CI_MEASURE]``: its bootstrap 95%
+        interval)."""
         cfg, dataset = self.ctx.config, self.ctx.dataset
         results = {}
         search_s = 0.0
@@ -734,7 +749,9 @@ class Indexer:
             run = {q: {str(d): float(s) for d, s in zip(r, sc, strict=True) if d >= 0}
                    for q, r, sc in zip(qids, ranked, scores, strict=True)}
             str_qrels = {q: {str(d): rel for d, rel in rels.items()} for q, rels in qrels.items()}
-            results[split] = evaluate(run, str_qrels)
+            results[split], interval = evaluate_with_interval(run, str_qrels)
+            if intervals is not None and interval is not None:
+                intervals[split] = {CI_MEASURE: list(interval)}
         if marks is not None:
             marks["eval_search_s"] = search_s
         return results

@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ance_train.config import RunConfig, dump_config
-from ance_train.data.validation import validate_dataset
+from ance_train.config import RunConfig, dump_config, resolve_budget
+from ance_train.data.validation import dev_size_warning, validate_dataset
 from ance_train.index.capacity import encoder_size, run_store_bytes
 from ance_train.indexer.partitions import PARTITION_VAR
 from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, connect
@@ -202,6 +202,8 @@ class EmbeddedRun:
             with console.status("validating dataset"):
                 self.dataset = validate_dataset(self.config.data, staging,
                                                 seed=self.config.data.split_seed)
+                # training.epochs → steps (the same function every service calls)
+                self.config = resolve_budget(self.config, self.dataset.trainable_queries)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             self.base_model.cleanup()
@@ -225,6 +227,8 @@ class EmbeddedRun:
             staging.rename(self.run_dir / "cache")
         for warning in self.dataset.warnings:
             console.print(f"[yellow]warning:[/] {warning}")
+        if (small_dev := dev_size_warning(self.dataset)) is not None:
+            console.print(f"[yellow]warning:[/] {small_dev}")
         console.print(f"dataset: {self.dataset.num_docs} docs, {len(self.dataset.train)} train / "
                       f"{len(self.dataset.dev)} dev / {len(self.dataset.test)} test queries")
         self.resolved_config = self.run_dir / "config.yaml"
@@ -285,7 +289,7 @@ class EmbeddedRun:
             f"Free disk, or bound the store with store.keep_checkpoints (now "
             f"{retention.keep_checkpoints}) and store.keep_refreshes (now "
             f"{retention.keep_refreshes}), fewer checkpoints (training.refresh_every "
-            f"{cfg.training.refresh_every} of {cfg.training.steps} steps), "
+            f"{cfg.training.refresh_every} of {cfg.training.total_steps} steps), "
             + ("inference.embedding_dtype float16, "
                if cfg.inference.embedding_dtype == "float32" else "")
             + "or an output_dir on a larger disk.",
@@ -450,7 +454,7 @@ class EmbeddedRun:
         progress = Progress(TextColumn("[bold]train"), BarColumn(),
                             TextColumn("{task.description}"), TimeElapsedColumn(),
                             console=console, transient=False)
-        task = progress.add_task("starting", total=self.config.training.steps)
+        task = progress.add_task("starting", total=self.config.training.total_steps)
 
         def show_progress() -> None:
             progress.update(task, completed=self._trainer_step(),
@@ -461,7 +465,7 @@ class EmbeddedRun:
                 result.evaluations.append(entry)
                 table.add_row(*_metrics_row(entry))
                 progress.console.print(_metrics_line(entry))
-            progress.update(task, completed=self.config.training.steps, description="done")
+            progress.update(task, completed=self.config.training.total_steps, description="done")
         result.seconds = time.monotonic() - started
         result.trainer_summary = self.store.get_json(keys.TRAINER_SUMMARY)
         result.restarts = self.supervisor.records()

@@ -314,7 +314,8 @@ def model_card(run_id: str, step: int, config: RunConfig | None, report: dict | 
         lines += ["", "## Training configuration", "",
                   "| setting | value |", "| --- | --- |"]
         train = config.training
-        rows = [("steps", train.steps), ("batch size", train.batch_size),
+        steps = train.steps if train.epochs is None else f"{train.epochs} epochs"
+        rows = [("steps", steps), ("batch size", train.batch_size),
                 ("learning rate", train.learning_rate), ("warm-up steps", train.warmup_steps),
                 ("weight decay", train.weight_decay), ("max grad norm", train.max_grad_norm),
                 ("refresh every", train.refresh_every), ("seed", train.seed),

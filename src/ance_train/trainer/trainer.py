@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from ance_train.config import dump_config
+from ance_train.config import budget_summary, dump_config
 from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkQueue
 from ance_train.infra.process import die_with_parent
 from ance_train.infra.store import StorageError
@@ -58,6 +58,7 @@ from ance_train.trainer.distributed import (
     init_from_env,
     launched_rank,
 )
+from ance_train.trainer.early_stopping import EarlyStopping
 from ance_train.trainer.loss import layer_grad_norms
 from ance_train.trainer.negative_sources import NegativesPicker
 from ance_train.trainer.negatives_feed import NegativesFeed, TablesAnnouncer
@@ -117,6 +118,11 @@ class Trainer:
         between = cfg.training.torch_threads_between_refreshes
         self.threads = (None if between is None else RefreshAwareThreads(
             ctx.bus, torch.get_num_threads(), between, torch.set_num_threads, ctx.stop))
+        # training.early_stopping: derived from the eval reports in the store (rank 0 reads).
+        stopping = cfg.training.early_stopping
+        self.early = (None if stopping is None or not self.dist.is_main
+                      else EarlyStopping(stopping, ctx.store, ctx.bus, ctx.stop))
+        self.stopped_early: dict | None = None  # summary's stopped_early
         self.device = (torch.device("cuda" if torch.cuda.is_available() else "cpu")
                        if self.dist.world_size == 1 else self.dist.device())
         self.queue = WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
@@ -143,7 +149,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
                                            weight_decay=cfg.training.weight_decay)
         self.scheduler = get_linear_schedule_with_warmup(
-            self.optimizer, cfg.training.warmup_steps, cfg.training.steps)
+            self.optimizer, cfg.training.warmup_steps, cfg.training.total_steps)
         self.batches = BatchBuilder(ctx.dataset, cfg.training.batch_size,
                                     cfg.negatives.per_query,
                                     cfg.training.in_batch_negatives, cfg.training.seed)
@@ -162,7 +168,8 @@ class Trainer:
         self.retention = RunRetention(ctx.bus, ctx.store, None, cfg.store.keep_checkpoints)
         self.store_bytes: int | None = None  # the run's store size at the last checkpoint
         self.record = TrainingRecord()
-        self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.steps, self.dist.world_size)
+        self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.total_steps,
+                                          self.dist.world_size)
         # Rank 0 alone reports, as it alone checkpoints and writes the summary.
         self.tracking = (open_tracking(cfg, "trainer", ctx.store, ctx.work_dir)
                          if self.dist.is_main else Tracking([]))
@@ -208,7 +215,7 @@ class Trainer:
         ctx.store.put_bytes(keys.RUN_CONFIG, dump_config(cfg).encode())
         self.telemetry.started()
         ctx.state.update(state="running", phase=f"checkpoint {self.step}",
-                         total=cfg.training.steps, step=self.step, done=self.step)
+                         total=cfg.training.total_steps, step=self.step, done=self.step)
         if self._resume_state is None:
             self._checkpoint(0)
         else:
@@ -222,6 +229,8 @@ class Trainer:
         self.feed.start()
         if self.threads is not None:
             self.threads.start()
+        if self.early is not None:
+            self.early.start(self.step)
         if self.picker.needs_wait():
             ctx.state.update(phase="waiting for first negatives")
             started = time.monotonic()
@@ -241,12 +250,13 @@ class Trainer:
         dual_weight = self.dance.weight
         # One-batch lookahead (.prefetch): batch s+1 is built and sent before step s trains.
         upcoming = (self._lookahead or self._plan(self.step + 1)
-                    if self.step < cfg.training.steps and not ctx.stop.is_set() else None)
+                    if self.step < cfg.training.total_steps and not ctx.stop.is_set()
+                    and not self._stopping() else None)
         broadcast_object(upcoming, self.dist)
         pending = None if upcoming is None else self.preparer.submit(upcoming)
         try:
             while True:
-                if (upcoming is None or self.step >= cfg.training.steps
+                if (upcoming is None or self.step >= cfg.training.total_steps
                         or ctx.stop.is_set()):
                     broadcast_object(None, self.dist)  # the other ranks stop here too
                     break
@@ -254,9 +264,11 @@ class Trainer:
                 self.step += 1
                 started = time.monotonic()
                 current, inputs = upcoming, pending
-                upcoming = (self._plan(self.step + 1) if self.step < cfg.training.steps
-                            else None)
-                broadcast_object(_Next(upcoming), self.dist)
+                # Early stopping: this step is the last; it is checkpointed on every rank.
+                final = self.step < cfg.training.total_steps and self._stopping()
+                upcoming = (self._plan(self.step + 1)
+                            if self.step < cfg.training.total_steps and not final else None)
+                broadcast_object(_Next(upcoming, final), self.dist)
                 pending = None if upcoming is None else self.preparer.submit(upcoming)
                 if current.table_step is not None and current.table_step != self.in_use_step:
                     self._swapped(current.table_step)
@@ -271,13 +283,23 @@ class Trainer:
                 self.record.hard_negatives.append(current.batch.hard_negatives)
                 self._log_step(loss, gap, current.table_step, current.negatives_ms,
                                time.monotonic() - started)
-                if cfg.training.is_checkpoint_step(self.step):
+                if cfg.training.is_checkpoint_step(self.step) or final:
                     self._checkpoint(self.step, upcoming)
         finally:
             self.preparer.close()
         self.publisher.flush()
         self.publisher.close()
-        finished = self.step >= cfg.training.steps
+        if self.early is not None and self.early.decision.stop and (
+                self.step < cfg.training.total_steps):
+            decision = self.early.decision
+            self.stopped_early = {"at_step": self.step, "best_step": decision.best_step,
+                                  "best_value": decision.best_value,
+                                  "metric": cfg.training.early_stopping.metric,
+                                  "decided_at": decision.decided_at}
+            ctx.log.info("stopped early at step %d: best dev %s %.4f at checkpoint %d",
+                         self.step, self.stopped_early["metric"], decision.best_value,
+                         decision.best_step)
+        finished = self.step >= cfg.training.total_steps or self.stopped_early is not None
         try:
             self._update_store_bytes()
         except StorageError as error:  # the summary keeps the last size listed
@@ -291,6 +313,10 @@ class Trainer:
             self.telemetry.finished(self.step)
         ctx.state.update(state="finished" if finished else "stopped", phase="done")
         return self.record
+
+    def _stopping(self) -> bool:
+        """Whether training.early_stopping has decided to end the run (rank 0)."""
+        return self.early is not None and self.early.decision.stop
 
     def _swapped(self, table_step: int) -> None:
         """The step about to train is the first on the table of ``table_step`` (-1: BM25):
@@ -321,7 +347,7 @@ class Trainer:
         and reports; this rank's record holds its view of the losses (the global ones)."""
         cfg = self.cfg
         self.ctx.state.update(state="running", phase=f"rank {self.dist.rank}",
-                              total=cfg.training.steps, step=self.step)
+                              total=cfg.training.total_steps, step=self.step)
         if self._resume_state is None:
             self._gather_rng()  # rank 0 saves checkpoint 0
         else:
@@ -343,7 +369,7 @@ class Trainer:
                 self.record.losses.append(loss)
                 self.record.dual_losses.append(dual_loss)
                 self.ctx.state.update(step=self.step, done=self.step, metrics={"loss": loss})
-                if cfg.training.is_checkpoint_step(self.step):
+                if cfg.training.is_checkpoint_step(self.step) or order.final:
                     self._gather_rng()  # rank 0 saves a checkpoint
         finally:
             self.preparer.close()
@@ -488,6 +514,10 @@ class Trainer:
         return {
             "finished": finished,
             "steps": self.step,
+            # training.steps, or training.epochs resolved on the dataset (config.resolve_budget)
+            "budget": budget_summary(self.cfg.training),
+            # training.early_stopping ended the run before its budget (None: it did not)
+            "stopped_early": self.stopped_early,
             "losses": rec.losses,
             "dual_losses": rec.dual_losses,
             "hard_negatives": rec.hard_negatives,
@@ -526,6 +556,7 @@ class _Next:
     after this one (None: this step is the last)."""
 
     batch: PlannedBatch | None
+    final: bool = False  # early stopping: this step is the last and is checkpointed
 
 
 # Rank 0 may wait long for the first negatives, or save a checkpoint, while the other ranks
