@@ -279,12 +279,8 @@ class LocalCluster:
         docs = [d for d in self.pod_manifests(workload, pod_name)
                 if d["kind"] != "PersistentVolumeClaim" or engine(
                     "volume", "exists", d["metadata"]["name"], check=False).returncode != 0]
-        path = self.state_dir / "pods" / f"{pod_name}.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
         start = time.monotonic()
-        engine("kube", "play", "--network", self.network, "--ip", self.address(pod_name),
-               str(path))
+        self.kube_play(pod_name, docs)
         return time.monotonic() - start
 
     def play_extra(self, pod_name: str, docs: list[dict[str, Any]]) -> None:
@@ -292,6 +288,10 @@ class LocalCluster:
         for doc in docs:
             if doc["kind"] == "Pod":
                 doc["spec"]["hostAliases"] = self.host_aliases()
+        self.kube_play(pod_name, docs)
+
+    def kube_play(self, pod_name: str, docs: list[dict[str, Any]]) -> None:
+        """Write the pod's manifests under build/ and play them at the pod's address."""
         path = self.state_dir / "pods" / f"{pod_name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
@@ -553,12 +553,8 @@ def command_test(cluster: LocalCluster, timeout_s: float = 900) -> int:
         pod["spec"]["hostAliases"] = cluster.host_aliases()
         pod["metadata"]["annotations"] = {}  # hook annotations mean nothing to podman
         cluster.remove(name)
-        path = cluster.state_dir / "pods" / f"{name}.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(pod, sort_keys=False), encoding="utf-8")
         start = time.monotonic()
-        engine("kube", "play", "--network", cluster.network, "--ip", cluster.address(name),
-               str(path))
+        cluster.kube_play(name, [pod])
         container = f"{name}-{pod['spec']['containers'][0]['name']}"
         while True:
             state = engine("inspect", container, "--format",
