@@ -110,7 +110,8 @@ def test_partition_killed_mid_build_rebuilds_and_refresh_is_announced_once(
         assert pending == 0, f"{stream}: entries left pending by the killed partition"
     summary = store.get_json(keys.TRAINER_SUMMARY)
     assert summary["finished"]
-    assert summary["swaps"][0] == {"step": 1, "negatives_step": 0}, summary["swaps"]
+    first_swap = summary["swaps"][0]  # (it also carries the swap's times: the timeline)
+    assert (first_swap["step"], first_swap["negatives_step"]) == (1, 0), summary["swaps"]
     record_fault("index partition killed", "SIGKILL of partition 1 of 2 while building "
                  "checkpoint 0", "restarted partition rebuilt its part from the stored shards; "
                  "partition 0 merged and announced the refresh once; the trainer swapped to it",
@@ -159,13 +160,16 @@ def test_partition_zero_killed_mid_merge_redoes_it_and_announces_once(
     log = harness.log("indexer-0")
     assert "partition 0 of 2: last searched checkpoint 0" in log, log[-3000:]
     assert log.count("checkpoint 0: partition 0 of 2 searched") == 1, "lists were not rebuilt"
-    assert _searched(bus) == [(0, 0), (0, 1)]
+    # Checkpoint 0 searched once by each partition; the final checkpoint (4) may have been
+    # searched too before the processes were stopped, which says nothing about the merge.
+    assert [s for s in _searched(bus) if s[0] == 0] == [(0, 0), (0, 1)]
     assert checkpoint_steps(bus, NegativesReady).count(0) == 1
     assert checkpoint_steps(bus, EvalCompleted).count(0) == 1
     pending = bus.client.xpending(bus.stream(PartitionSearched), "indexer-0")["pending"]
     assert pending == 0, "partition.searched entries left pending by the killed partition 0"
     summary = store.get_json(keys.TRAINER_SUMMARY)
-    assert summary["swaps"][0] == {"step": 1, "negatives_step": 0}, summary["swaps"]
+    first_swap = summary["swaps"][0]  # (it also carries the swap's times: the timeline)
+    assert (first_swap["step"], first_swap["negatives_step"]) == (1, 0), summary["swaps"]
     record_fault("index partition 0 killed", "SIGKILL of partition 0 of 2 while evaluating "
                  "the merged lists of checkpoint 0 (negatives written, not announced)",
                  "restarted partition 0 merged the stored lists again and announced the "
