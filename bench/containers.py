@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import yaml
@@ -163,17 +164,14 @@ class PlayedRun:
         from ance_train.config import parse_config
         from ance_train.infra.store.s3 import S3Store
 
-        pods_dir = REPO / "build" / "containers" / RELEASE / "pods"
-        trainer = next(d for d in yaml.safe_load_all((pods_dir / "ance-train-trainer-0.yaml")
-                                                     .read_text()) if d["kind"] == "Pod")
+        docs = trainer_pod_manifests()
+        trainer = docs["Pod"]
         env = {e["name"]: e["value"] for e in trainer["spec"]["containers"][0]["env"]}
         hosts = {name: alias["ip"] for alias in trainer["spec"]["hostAliases"]
                  for name in alias["hostnames"]}
         s3_host, _, s3_port = env["ANCE_S3_ENDPOINT"].partition(":")
         redis_host = env["ANCE_REDIS_URL"].split("//")[1].split(":")[0]
-        config_map = next(d for d in yaml.safe_load_all((pods_dir / "ance-train-trainer-0.yaml")
-                                                        .read_text()) if d["kind"] == "ConfigMap")
-        raw = yaml.safe_load(config_map["data"]["config.yaml"])
+        raw = yaml.safe_load(docs["ConfigMap"]["data"]["config.yaml"])
         self.config = parse_config(raw)
         self.raw_config = raw
         self.store = S3Store(self.run_id, f"{hosts[s3_host]}:{s3_port}",
@@ -258,22 +256,31 @@ class PlayedRun:
                             if not isinstance(v, list)}}
 
 
+def trainer_pod_manifests() -> dict[str, dict[str, Any]]:
+    """The trainer pod as play_chart.py played it (resolved env, host aliases), and the
+    ConfigMap beside it, by kind."""
+    path = REPO / "build" / "containers" / RELEASE / "pods" / f"{RELEASE}-trainer-0.yaml"
+    return {d["kind"]: d for d in yaml.safe_load_all(path.read_text())}
+
+
+def load_player() -> ModuleType:
+    """scripts/containers/play_chart.py, loaded from its path (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("play_chart", PLAY[1])
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def upload_model(url: str) -> None:
     """The packaged encoder's folder to ``url`` in the S3 pod, as an operator would copy a
-    model that is not in the image."""
-    from minio import Minio
-
+    model that is not in the image (the same copy play_chart.py makes of the dataset)."""
     from ance_train.config import default_model_path
 
     state = json.loads((REPO / "build" / "containers" / RELEASE / "store.json").read_text())
-    client = Minio(state["address"], access_key=state["access_key"],
-                   secret_key=state["secret_key"], secure=False)
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    if not client.bucket_exists(bucket):
-        client.make_bucket(bucket)
-    source = Path(default_model_path())
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        client.fput_object(bucket, prefix + path.relative_to(source).as_posix(), str(path))
+    load_player().upload_folder(state["address"], state["access_key"], state["secret_key"],
+                                url, Path(default_model_path()))
 
 
 def ms(entry_id: str) -> int:
@@ -321,9 +328,7 @@ def operator_view(run: PlayedRun) -> list[dict[str, Any]]:
         out.append({"notes_command": name, "ran": " ".join(command[-6:]),
                     "exit": done.returncode,
                     "output": (done.stdout + done.stderr).strip().splitlines()[-8:]})
-    pods_dir = REPO / "build" / "containers" / RELEASE / "pods"
-    trainer = next(d for d in yaml.safe_load_all(
-        (pods_dir / f"{RELEASE}-trainer-0.yaml").read_text()) if d["kind"] == "Pod")
+    trainer = trainer_pod_manifests()["Pod"]
     ip = next(e["value"] for e in trainer["spec"]["containers"][0]["env"]
               if e["name"] == "POD_IP")
     with urllib.request.urlopen(f"http://{ip}:9100/metrics", timeout=10) as response:

@@ -136,6 +136,13 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             return sha
 
+        def _files_at(self, repo_id: str, revision: str) -> tuple[str, dict[str, bytes]] | None:
+            """The commit ``revision`` names in ``repo_id`` and its files; None once a 404
+            naming the missing repo or revision is sent."""
+            repo = self._repo(repo_id)
+            sha = None if repo is None else self._commit_of(repo, revision)
+            return None if sha is None else (sha, repo.commits[sha])
+
         def _record(self) -> list[str]:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append((self.command, path, self.headers.get("Authorization")))
@@ -150,13 +157,10 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] in (
                     "revision", "tree"):
                 repo_id, action, revision = "/".join(parts[2:4]), parts[4], parts[5]
-                repo = self._repo(repo_id)
-                if repo is None:
+                found = self._files_at(repo_id, revision)
+                if found is None:
                     return
-                sha = self._commit_of(repo, revision)
-                if sha is None:
-                    return
-                files = repo.commits[sha]
+                sha, files = found
                 if action == "revision":
                     self._json({"id": repo_id, "modelId": repo_id, "sha": sha,
                                 "private": False, "disabled": False, "gated": False,
@@ -167,13 +171,11 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 return
             if len(parts) >= 5 and parts[2] == "resolve":
                 repo_id, revision, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
-                repo = self._repo(repo_id)
-                if repo is None:
+                found = self._files_at(repo_id, revision)
+                if found is None:
                     return
-                sha = self._commit_of(repo, revision)
-                if sha is None:
-                    return
-                data = repo.commits[sha].get(name)
+                sha, files = found
+                data = files.get(name)
                 if data is None:
                     self._error(404, "EntryNotFound", f"{name} does not exist at {revision}")
                     return

@@ -374,9 +374,9 @@ def wait_for(what: str, check, timeout_s: float, interval_s: float = 0.5) -> flo
         time.sleep(interval_s)
 
 
-def upload_dataset(endpoint: str, access: str, secret: str, url: str, source: Path) -> int:
-    """Copy a local BEIR folder to ``url`` (s3://bucket/prefix/), as an operator's
-    ``aws s3 cp --recursive`` / ``mc cp`` would."""
+def upload_folder(endpoint: str, access: str, secret: str, url: str, source: Path) -> int:
+    """Copy a local folder (a BEIR dataset, a model) to ``url`` (s3://bucket/prefix/), as an
+    operator's ``aws s3 cp --recursive`` / ``mc cp`` would; returns the number of files."""
     from minio import Minio
 
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
@@ -459,7 +459,7 @@ def command_up(cluster: LocalCluster, args: argparse.Namespace) -> None:
         if args.dataset:
             config = yaml.safe_load(cluster.config_maps()[f"{cluster.release}-config"]["data"]
                                     ["config.yaml"])
-            count = upload_dataset(address, env["ANCE_S3_ACCESS_KEY"], env["ANCE_S3_SECRET_KEY"],
+            count = upload_folder(address, env["ANCE_S3_ACCESS_KEY"], env["ANCE_S3_SECRET_KEY"],
                                    config["data"]["path"], Path(args.dataset))
             print(f"dataset: {count} files from {args.dataset} to {config['data']['path']}")
     if args.only_store:
