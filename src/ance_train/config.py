@@ -128,6 +128,41 @@ class S3Url:
         return PurePosixPath(self.key).suffix
 
 
+class PassagesConfig(_Strict):
+    """How a document becomes what is encoded: its first passage (FirstP) or up to
+    ``max_passages`` passages scored by the best one (MaxP).
+
+    ANCE (Xiong et al., "Approximate Nearest Neighbor Negative Contrastive Learning for Dense
+    Text Retrieval", arXiv:2007.00808, §5) takes both settings from Dai & Callan
+    (arXiv:1905.09217): FirstP encodes a document's first 512 tokens; MaxP splits it into
+    512-token passages (at most four) and scores the document by the maximum of its passages'
+    scores. docs/strategies.md ("Long documents") says how each service handles passages.
+    """
+
+    mode: Literal["first", "max"] = Field(
+        "first",
+        description="first: encode each document's first model.max_doc_length tokens (FirstP). "
+                    "max: split it into passages, index every passage and score a document "
+                    "by its best passage (MaxP).")
+    length: int | None = Field(
+        None, ge=8,
+        description="Tokens a passage is encoded with, its special tokens and the document "
+                    "prompt included. None: model.max_doc_length.")
+    stride: int | None = Field(
+        None, ge=1,
+        description="Tokens from one passage's start to the next one's. None: a passage's "
+                    "text length (passages do not overlap); less overlaps them.")
+    max_passages: int = Field(
+        4, ge=1, le=64,
+        description="Passages per document at most (ANCE MaxP: 4); the rest of a longer "
+                    "document is not encoded.")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether documents are split into passages (MaxP)."""
+        return self.mode == "max"
+
+
 class DataConfig(_Strict):
     """Where the collection is and how its training queries are split."""
 
@@ -165,6 +200,9 @@ class DataConfig(_Strict):
         42, description="Seed of the dev slice; fixed apart from training.seed so that runs "
                         "with different training seeds are evaluated on the same queries.")
     max_train_queries: int | None = Field(None, ge=1)
+    passages: PassagesConfig = Field(
+        default_factory=PassagesConfig,
+        description="FirstP (the default) or MaxP passages of long documents.")
 
     @field_validator("path")
     @classmethod
@@ -904,6 +942,7 @@ class RunConfig(_Strict):
             loss.check(self)
         if self.training.steps is not None:  # epochs: checked by resolve_budget
             _check_warmup(self, self.training.steps)
+        _check_passages(self)
         if self.training.early_stopping is not None and "dev" not in self.index.eval_splits:
             raise ValueError("training.early_stopping watches the dev split: keep dev in "
                              f"index.eval_splits (now {list(self.index.eval_splits)})")
@@ -937,6 +976,25 @@ class RunConfig(_Strict):
                          f"negatives.warmup_steps it lasts until the first ANN negatives, and "
                          f"pool {neg.pool} mines none; give warmup_steps, or warmup: none")
         return found
+
+
+def _check_passages(config: RunConfig) -> None:
+    """MaxP settings that cannot work: a stride that skips text, a passage with no room for
+    text, and DANCE's dual loss, whose query retrieval (DANCE, arXiv:2104.08051) is defined
+    on one vector per document (its paper trains FirstP only)."""
+    passages = config.data.passages
+    if not passages.enabled:
+        return
+    length = passages.length or config.model.max_doc_length
+    if passages.stride is not None and passages.stride > length:
+        raise ValueError(f"data.passages.stride ({passages.stride}) is longer than a passage "
+                         f"({length} tokens): the text between passages would never be "
+                         "encoded")
+    if any(loss.name == "dance" and loss.enabled for loss in config.negatives.loss_strategies):
+        raise ValueError("negatives.dance.dual_weight > 0 (DANCE's query-retrieval loss) is "
+                         "defined for one vector per document: its paper trains FirstP only; "
+                         "use data.passages.mode first, or dual_weight 0 (DANCE's "
+                         "normalisation and temperature work with MaxP)")
 
 
 def _check_warmup(config: RunConfig, steps: int) -> None:

@@ -288,6 +288,21 @@ class AnnIndex:
             raise KeyError(f"documents not in the index: {flat[~found][:5].tolist()}")
         return pos if self._by_doc is None else self._by_doc[pos]
 
+    def present(self, doc_ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``doc_ids`` (row keys: documents, or passages with MaxP) is in the
+        index."""
+        flat = np.asarray(doc_ids, dtype=np.int64).ravel()
+        if len(self._sorted_docs) == 0:
+            return np.zeros(len(flat), dtype=bool)
+        pos = np.minimum(np.searchsorted(self._sorted_docs, flat), len(self._sorted_docs) - 1)
+        return self._sorted_docs[pos] == flat
+
+    def best_vectors(self, queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
+        """The vector each query (row) is compared with for its document ``doc_ids[i]``: the
+        document's one vector (:class:`~ance_train.index.passages.PassageIndex` picks the
+        best passage's)."""
+        return self.vectors(doc_ids)
+
     def vectors(self, doc_ids: np.ndarray) -> np.ndarray:
         """The stored embeddings of ``doc_ids`` (document indices, not index rows); with
         ``ivfpq`` these are the PQ reconstructions."""

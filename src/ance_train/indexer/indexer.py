@@ -35,6 +35,7 @@ import numpy as np
 from ance_train.evaluation import CI_MEASURE, evaluate_with_interval, format_interval
 from ance_train.index.ann import AnnIndex, use_gpu
 from ance_train.index.merge import merge_topk
+from ance_train.index.passages import PassageIndex
 from ance_train.indexer.build import ShardedBuild
 from ance_train.indexer.diagnostics import Diagnostics
 from ance_train.indexer.partitions import MergedIndex, partition_number
@@ -50,7 +51,7 @@ from ance_train.observability.timeline import refresh_timeline
 from ance_train.observability.timeline import scalars as timeline_scalars
 from ance_train.observability.tracking import Tracking, flatten, open_tracking
 from ance_train.protocol import keys
-from ance_train.protocol.embeddings import unpack_embeddings
+from ance_train.protocol.embeddings import unpack_embeddings, unpack_rows
 from ance_train.protocol.events import (
     CheckpointPublished,
     EvalCompleted,
@@ -109,6 +110,10 @@ class Indexer:
         self.shard_events: dict[int, dict[str, ShardEncoded]] = {}
         self.completed_wall: dict[int, float] = {}  # Unix time this process read it complete
         self.build: ShardedBuild | None = None  # the index being built, maybe while encoding
+        # MaxP: the index holds passages (keys: protocol.embeddings.passage_keys) and is
+        # searched through index.passages.PassageIndex, which answers in documents.
+        passages = ctx.config.data.passages
+        self.max_passages = passages.max_passages if passages.enabled else None
         self.last_built: int | None = None
         self.abandoned: set[int] = set()  # checkpoints with a shard.failed item
         self.train_ids = sorted(ctx.dataset.train)
@@ -364,6 +369,16 @@ class Indexer:
         ids, vectors = self._load_shard(build.step, ShardKind.CORPUS, shard)
         build.add(ids, vectors, early)
 
+    def _documents(self, index: AnnIndex, step: int, shards: list[int]
+                   ) -> AnnIndex | PassageIndex:
+        """``index`` as the rest of the indexer searches it: by documents (MaxP: its
+        passages collapsed to documents, ``shards`` telling how many documents it holds)."""
+        if self.max_passages is None:
+            return index
+        ranges = self.plans[step].corpus_ranges
+        return PassageIndex(index, self.max_passages,
+                            sum(ranges[s][1] - ranges[s][0] for s in shards))
+
     def add_while_encoding(self) -> bool:
         """No checkpoint is complete: add the next shard of the one being encoded, if it is
         in the store (shards go in in order). Returns whether one was added."""
@@ -381,7 +396,8 @@ class Indexer:
         self.ctx.state.update(phase=f"building index {step}")
         return self._attempt(step, lambda _: self._add_next(build, early=True))
 
-    def _index(self, step: int, cancel: Callable[[], None]) -> tuple[AnnIndex, QueryVectors, int]:
+    def _index(self, step: int, cancel: Callable[[], None]
+               ) -> tuple[AnnIndex | PassageIndex, QueryVectors, int]:
         """``step``'s index over this process's shards (those added while encoding and the
         rest), its query vectors and how many shards went in while encoding."""
         build = self.build_of(step)
@@ -389,7 +405,7 @@ class Indexer:
             cancel()
             self._add_next(build)
         queries = self._load_queries(step, self.plans[step])
-        index = build.finish(queries.vectors.shape[1])
+        index = self._documents(build.finish(queries.vectors.shape[1]), step, build.shards)
         self.build = None
         return index, queries, build.added_early
 
@@ -467,7 +483,12 @@ class Indexer:
         positives = self.positive_docs[
             plan.shard_of_doc(self.positive_docs) % self.partitions == self.partition]
         key = keys.partial_results(step, self.partition, self.partitions)
-        ctx.store.put_bytes(key, pack_partials(groups, positives, index.vectors(positives)))
+        if isinstance(index, PassageIndex):  # every passage of the positives
+            positives = index.keys_of(positives)
+            vectors = index.rows.vectors(positives)
+        else:
+            vectors = index.vectors(positives)
+        ctx.store.put_bytes(key, pack_partials(groups, positives, vectors))
         search_s = time.monotonic() - started
         self.search.serve(ServedIndex(step, index))
         self.last_searched = step
@@ -485,7 +506,7 @@ class Indexer:
             for old in [s for s in self.plans if s <= step]:
                 self._forget(old)
 
-    def search_groups(self, index: AnnIndex, queries: QueryVectors,
+    def search_groups(self, index: AnnIndex | PassageIndex, queries: QueryVectors,
                       cancel: Callable[[], None]) -> dict[str, TopK]:
         """The top-K lists a refresh needs: the training queries at the mining depth, each
         evaluated split's queries at ``index.eval_depth`` (the searches one index runs in
@@ -533,7 +554,10 @@ class Indexer:
         dim = queries.vectors.shape[1]
         known = (np.concatenate([part.doc_ids for part in parts]),
                  np.concatenate([part.doc_vectors.reshape(-1, dim) for part in parts]))
-        view = MergedIndex(ctx.store, plan, dim, known=known)
+        merged_rows = MergedIndex(ctx.store, plan, dim, known=known,
+                                  max_passages=self.max_passages)
+        view = (merged_rows if self.max_passages is None
+                else PassageIndex(merged_rows, self.max_passages, plan.num_docs))
         merge_s = time.monotonic() - started
         marks["built_at"] = marks["searched_at"] = time.time()
 
@@ -555,7 +579,7 @@ class Indexer:
                    "shards_added_early": float(sum(e.shards_added_early for e in events)),
                    "merge_s": merge_s, "mine_s": mine_s, "eval_s": eval_s}
         ctx.log.info("checkpoint %d: merged %d partitions' lists (%d corpus shards read back "
-                     "for vectors)", step, self.partitions, view.shards_read)
+                     "for vectors)", step, self.partitions, merged_rows.shards_read)
         self._announce(step, table, dual, diagnostics, metrics, timings, marks, intervals)
         for old in [s for s in self.searched if s <= step]:
             self.searched.pop(old, None)
@@ -678,7 +702,10 @@ class Indexer:
         and queued again, and the checkpoint is complete again once it is re-encoded."""
         work = self.plans[step].work(kind)[shard]
         try:
-            return unpack_embeddings(self.ctx.store.get_bytes(work.key))
+            data = self.ctx.store.get_bytes(work.key)
+            if kind is ShardKind.CORPUS:  # documents, or MaxP passages
+                return unpack_rows(data, self.max_passages)
+            return unpack_embeddings(data)
         except CorruptObject as error:
             self.ctx.log.error("%s; deleting it and queuing %s@%d again", error, work.name, step)
             self.received[step].discard(work.key)
@@ -691,7 +718,7 @@ class Indexer:
         the positives removed (and at least the diagnostics' top 100)."""
         return max(100, self.miner.depth()) + self.miner.max_positives
 
-    def mine(self, step: int, index: AnnIndex | MergedIndex, queries: QueryVectors,
+    def mine(self, step: int, index: AnnIndex | MergedIndex | PassageIndex, queries: QueryVectors,
              cancel: Callable[[], None], searched: TopK | None = None,
              marks: dict[str, float] | None = None
              ) -> tuple[NegativesTable | None, NegativesTable | None, dict]:
@@ -721,7 +748,7 @@ class Indexer:
         diagnostics = self.diagnostics.compute(ranked, self.previous, table)
         return table, dual, diagnostics
 
-    def evaluate(self, index: AnnIndex | MergedIndex, queries: QueryVectors,
+    def evaluate(self, index: AnnIndex | MergedIndex | PassageIndex, queries: QueryVectors,
                  cancel: Callable[[], None], searched: dict[str, TopK] | None = None,
                  marks: dict[str, float] | None = None,
                  intervals: dict[str, dict[str, list[float]]] | None = None) -> dict:

@@ -22,7 +22,7 @@ from ance_train.index.ann import AnnIndex, blockwise_scores
 from ance_train.index.capacity import MERGE_CACHE_SHARDS
 from ance_train.index.merge import merge_topk
 from ance_train.infra.store import ObjectStore
-from ance_train.protocol.embeddings import unpack_embeddings
+from ance_train.protocol.embeddings import documents_of, unpack_rows
 from ance_train.protocol.work import RefreshPlan, ShardKind
 
 PARTITION_VAR = "ANCE_INDEX_PARTITION"
@@ -64,14 +64,20 @@ class MergedIndex:
     it is an exact scan of the stored shards, merged as partitions merge, so for a flat index
     it equals one index's search and for approximate types it is exact rather than
     approximate. A few shards are kept in memory (``cache_shards``).
+
+    With MaxP (``max_passages`` set) its rows are passages, keyed as the partitions' indexes
+    key them (:func:`~ance_train.protocol.embeddings.passage_keys`); wrapped in a
+    :class:`~ance_train.index.passages.PassageIndex` it answers in documents.
     """
 
     def __init__(self, store: ObjectStore, plan: RefreshPlan, dim: int,
                  cache_shards: int = MERGE_CACHE_SHARDS,
-                 known: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                 known: tuple[np.ndarray, np.ndarray] | None = None,
+                 max_passages: int | None = None) -> None:
         self.store = store
         self.plan = plan
         self.dim = dim
+        self.max_passages = max_passages
         self.cache_shards = max(1, cache_shards)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         # Vectors the partitions sent with their lists (the training positives), by document.
@@ -90,7 +96,7 @@ class MergedIndex:
             self._cache.move_to_end(shard)
             return self._cache[shard]
         work = self.plan.work(ShardKind.CORPUS)[shard]
-        ids, vectors = unpack_embeddings(self.store.get_bytes(work.key))
+        ids, vectors = unpack_rows(self.store.get_bytes(work.key), self.max_passages)
         self.shards_read += 1
         if vectors.shape[1] != self.dim:
             raise ValueError(f"{work.key}: dimension {vectors.shape[1]}, expected {self.dim}")
@@ -100,30 +106,55 @@ class MergedIndex:
             self._cache.popitem(last=False)
         return entry
 
-    def vectors(self, doc_ids: np.ndarray) -> np.ndarray:
-        """The stored embeddings of ``doc_ids`` (document indices, any shape)."""
-        flat = np.asarray(doc_ids, dtype=np.int64).ravel()
-        out = np.zeros((len(flat), self.dim), dtype=np.float32)
-        if len(self._known_ids):
-            pos = np.minimum(np.searchsorted(self._known_ids, flat), len(self._known_ids) - 1)
-            known = self._known_ids[pos] == flat
-            out[known] = self._known_vectors[pos[known]]
-        else:
-            known = np.zeros(len(flat), dtype=bool)
-        rest = np.flatnonzero(~known)
-        shards = self.plan.shard_of_doc(flat[rest])
+    def _known(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of ``flat`` the partitions sent, and where they are among the known."""
+        if not len(self._known_ids):
+            return np.zeros(len(flat), dtype=bool), np.zeros(len(flat), dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._known_ids, flat), len(self._known_ids) - 1)
+        return self._known_ids[pos] == flat, pos
+
+    def _in_shards(self, flat: np.ndarray
+                   ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per corpus shard holding some of ``flat``: (their positions in ``flat``, whether
+        the shard has each, its row of each, the shard's vectors)."""
+        documents = flat if self.max_passages is None else documents_of(flat, self.max_passages)
+        shards = self.plan.shard_of_doc(documents)
+        found = []
         for shard in np.unique(shards):
-            wanted = rest[shards == shard]
+            wanted = np.flatnonzero(shards == shard)
             ids, vectors = self._shard(int(shard))
             # Shards are stored in corpus order; look rows up by id all the same.
             order = np.argsort(ids, kind="stable")
-            pos = np.searchsorted(ids[order], flat[wanted])
-            pos = np.minimum(pos, len(ids) - 1)
-            found = ids[order][pos] == flat[wanted]
+            pos = np.minimum(np.searchsorted(ids[order], flat[wanted]), len(ids) - 1)
+            found.append((wanted, ids[order][pos] == flat[wanted], order[pos], vectors))
+        return found
+
+    def present(self, doc_ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``doc_ids`` (row keys) is stored."""
+        flat = np.asarray(doc_ids, dtype=np.int64).ravel()
+        out, _ = self._known(flat)
+        rest = np.flatnonzero(~out)
+        for wanted, found, _, _ in self._in_shards(flat[rest]):
+            out[rest[wanted]] = found
+        return out
+
+    def best_vectors(self, queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
+        """The document's one vector (see :meth:`AnnIndex.best_vectors`)."""
+        return self.vectors(doc_ids)
+
+    def vectors(self, doc_ids: np.ndarray) -> np.ndarray:
+        """The stored embeddings of ``doc_ids`` (row keys: document indices, or passage keys
+        with MaxP; any shape)."""
+        flat = np.asarray(doc_ids, dtype=np.int64).ravel()
+        out = np.zeros((len(flat), self.dim), dtype=np.float32)
+        known, pos = self._known(flat)
+        out[known] = self._known_vectors[pos[known]]
+        rest = np.flatnonzero(~known)
+        for wanted, found, rows, vectors in self._in_shards(flat[rest]):
             if not found.all():
-                raise KeyError(f"documents not in shard {int(shard)}: "
-                               f"{flat[wanted][~found][:5].tolist()}")
-            out[wanted] = vectors[order[pos]]
+                raise KeyError(f"documents not in their shard: "
+                               f"{flat[rest[wanted]][~found][:5].tolist()}")
+            out[rest[wanted]] = vectors[rows]
         return out.reshape(*np.shape(doc_ids), self.dim)
 
     def scores(self, queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
@@ -136,7 +167,7 @@ class MergedIndex:
         from ance_train.config import IndexConfig
 
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        k = min(k, len(self))
+        k = min(k, len(self) * (self.max_passages or 1))  # MaxP: rows are passages
         best = (np.full((len(queries), 0), -1, np.int64), np.zeros((len(queries), 0), np.float32))
         for shard in range(len(self.plan.corpus_ranges)):
             if cancel is not None:

@@ -37,6 +37,7 @@ from ance_train.config import SearchLimits
 from ance_train.data.corpus import Corpus
 from ance_train.index.ann import AnnIndex
 from ance_train.index.merge import merge_topk
+from ance_train.index.passages import PassageIndex
 from ance_train.infra import bus as bus_module
 from ance_train.infra.proto import ance_pb2, ance_pb2_grpc
 from ance_train.infra.rpc import channel
@@ -62,7 +63,7 @@ MAX_FAN_OUTS = 4
 @dataclass(frozen=True)
 class ServedIndex:
     step: int
-    index: AnnIndex
+    index: AnnIndex | PassageIndex  # MaxP: documents by their best passage
 
 
 class PartitionDirectory:

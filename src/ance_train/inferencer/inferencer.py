@@ -16,6 +16,10 @@ and loads only the new weights (:class:`~ance_train.modeling.checkpoint_cache.Mo
 and keeps the token ids of the shards it encoded (:class:`TokenCache`): the corpus and the
 queries never change within a run, nor, unless a checkpoint says otherwise, the tokenizer.
 
+With MaxP (``data.passages.mode: max``) a corpus item's documents are cut into passages
+(:class:`~ance_train.modeling.passages.PassageSplitter`) and every passage is encoded: the
+shard holds a row per passage, with its document and passage number.
+
 Poison items: an item whose checkpoint is corrupt or missing in the store is left for
 redelivery (another replica may read it fine) until its ``inference.max_attempts``-th
 delivery, then given up: ``shard.failed`` names the object and the error, the item is
@@ -27,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,6 +48,7 @@ from ance_train.modeling.encoding import (
     resolve_precision,
     tokenize_texts,
 )
+from ance_train.modeling.passages import PassageSplitter
 from ance_train.observability.telemetry import InferencerTelemetry
 from ance_train.protocol import keys
 from ance_train.protocol.events import ShardFailed
@@ -63,25 +69,39 @@ return current
 """
 
 
+@dataclass
+class ShardRows:
+    """What an item encodes, row by row: ``ids`` (document indices, or query ids), and with
+    MaxP each row's passage number; ``texts`` or, from the :class:`TokenCache`, ``token_ids``."""
+
+    ids: np.ndarray
+    passages: np.ndarray | None = None
+    texts: list[str] | None = None
+    token_ids: list | None = None
+
+
 class TokenCache:
     """Token ids of shards, in this process's memory, up to ``max_bytes`` (4 bytes a token;
     shards beyond it are not kept). A key names everything the ids depend on: the shard's
-    kind and range, the length cap, the prompt and the checkpoint files other than the
-    weights (tokenizer included: :attr:`ModelCache.fingerprint`)."""
+    kind and range, the length cap, the prompt, the passage setting and the checkpoint files
+    other than the weights (tokenizer included: :attr:`ModelCache.fingerprint`)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._ids: dict[tuple, list[np.ndarray]] = {}
+        self._rows: dict[tuple, ShardRows] = {}
 
-    def get(self, key: tuple) -> list[np.ndarray] | None:
-        return self._ids.get(key)
+    def get(self, key: tuple) -> ShardRows | None:
+        return self._rows.get(key)
 
-    def put(self, key: tuple, ids: list[list[int]]) -> None:
-        size = 4 * sum(len(row) for row in ids)
-        if key in self._ids or self.bytes + size > self.max_bytes:
+    def put(self, key: tuple, rows: ShardRows) -> None:
+        assert rows.token_ids is not None
+        size = 4 * sum(len(row) for row in rows.token_ids) + rows.ids.nbytes
+        if key in self._rows or self.bytes + size > self.max_bytes:
             return
-        self._ids[key] = [np.asarray(row, dtype=np.int32) for row in ids]
+        self._rows[key] = ShardRows(
+            rows.ids, rows.passages,
+            token_ids=[np.asarray(row, dtype=np.int32) for row in rows.token_ids])
         self.bytes += size
 
 
@@ -108,6 +128,9 @@ class Inferencer:
         self.uploader = ShardUploader(ctx.store, ctx.bus, self.queue, self._uploaded,
                                       cfg.inference.embedding_dtype)
         self.query_ids = query_order(ctx.dataset)
+        # MaxP encodes passages of data.passages.length tokens (default model.max_doc_length).
+        self.doc_length = ((cfg.data.passages.length or cfg.model.max_doc_length)
+                           if cfg.data.passages.enabled else cfg.model.max_doc_length)
         self.max_tokens_per_batch = cfg.inference.max_tokens_per_batch or (
             CPU_MAX_TOKENS_PER_BATCH if self.device.type == "cpu" else None)
         self._raise_marker = ctx.redis.register_script(_RAISE_MAX)
@@ -191,28 +214,28 @@ class Inferencer:
             model, tokenizer = self.models.get(item.step)
             loaded, loaded_at = time.monotonic(), time.time()
             if item.kind is ShardKind.CORPUS:
-                ids = np.arange(item.start, item.stop, dtype=np.int64)
-                max_length, kind = cfg.model.max_doc_length, "document"
-            else:  # query shards carry the query ids, so no reader relies on an order
-                ids = np.array(self.query_ids[item.start:item.stop], dtype=np.str_)
+                max_length, kind = self.doc_length, "document"
+            else:
                 max_length, kind = cfg.model.max_query_length, "query"
+            prompt = model.prompt(kind)
             if self.reuse:
-                key = (item.kind, item.start, item.stop, max_length, model.prompt(kind),
-                       self.models.fingerprint)
-                token_ids = self.tokens.get(key)
-                cached = token_ids is not None
-                if token_ids is None:
-                    token_ids = tokenize_texts(tokenizer, self._texts(item, ids), max_length,
-                                               model.prompt(kind))
-                    self.tokens.put(key, token_ids)
+                key = (item.kind, item.start, item.stop, max_length, prompt,
+                       cfg.data.passages, self.models.fingerprint)
+                rows = self.tokens.get(key)
+                cached = rows is not None
+                if rows is None:
+                    rows = self._rows(item, tokenizer, prompt)
+                    rows.token_ids = tokenize_texts(tokenizer, rows.texts, max_length, prompt)
+                    self.tokens.put(key, rows)
                 tokenized, tokenized_at = time.monotonic(), time.time()
-                vectors = encode_ids(model, token_ids, pad_token_id(tokenizer),
+                vectors = encode_ids(model, rows.token_ids, pad_token_id(tokenizer),
                                      batch_size=cfg.inference.batch_size, device=self.device,
                                      max_tokens_per_batch=self.max_tokens_per_batch,
                                      progress=self._progress())
             else:  # tokenised on a background thread while the model runs, every refresh
                 cached, tokenized, tokenized_at = False, loaded, loaded_at
-                vectors = encode_texts(model, tokenizer, self._texts(item, ids),
+                rows = self._rows(item, tokenizer, prompt)
+                vectors = encode_texts(model, tokenizer, rows.texts,
                                        max_length=max_length, kind=kind,
                                        batch_size=cfg.inference.batch_size, device=self.device,
                                        max_tokens_per_batch=self.max_tokens_per_batch,
@@ -227,13 +250,22 @@ class Inferencer:
                  "encoded_at": time.time(), "tokens_cached": cached,
                  "model_reloaded": bool(self.models.reloaded) and known != item.step}
         # Stored, announced and acknowledged in the background while the next shard encodes.
-        self.uploader.submit(EncodedShard(item, consumer, ids, vectors, timings, release,
-                                          times))
+        self.uploader.submit(EncodedShard(item, consumer, rows.ids, vectors, timings, release,
+                                          times, rows.passages))
 
-    def _texts(self, item: WorkItem, ids: np.ndarray) -> list[str]:
-        if item.kind is ShardKind.CORPUS:
-            return [text for _, text in self.ctx.corpus.iter_range(item.start, item.stop)]
-        return [self.ctx.dataset.queries[q] for q in ids]
+    def _rows(self, item: WorkItem, tokenizer, prompt: str) -> ShardRows:
+        """The rows of ``item`` with their texts: its documents (with MaxP, their passages)
+        or its queries. Query shards carry the query ids, so no reader relies on an order."""
+        if item.kind is not ShardKind.CORPUS:
+            ids = np.array(self.query_ids[item.start:item.stop], dtype=np.str_)
+            return ShardRows(ids, texts=[self.ctx.dataset.queries[q] for q in ids])
+        texts = [text for _, text in self.ctx.corpus.iter_range(item.start, item.stop)]
+        passages = self.ctx.config.data.passages
+        if not passages.enabled:
+            return ShardRows(np.arange(item.start, item.stop, dtype=np.int64), texts=texts)
+        split = PassageSplitter(tokenizer, passages, self.ctx.config.model.max_doc_length,
+                                prompt).split(texts)
+        return ShardRows(item.start + split.documents, split.passages, texts=split.texts)
 
     def _progress(self) -> Callable[[int], None]:
         """A progress callback that reports the texts encoded so far in the current item."""

@@ -39,6 +39,7 @@ class EncodedShard:
     # The refresh timeline (``shard.encoded``'s ``claimed_at`` … ``encoded_at``, flags);
     # ``upload_started_at`` is added here.
     times: dict[str, float | bool] = field(default_factory=dict)
+    passages: np.ndarray | None = None  # MaxP: each row's passage number (``ids``: its doc)
 
 
 class ShardUploader:
@@ -76,7 +77,8 @@ class ShardUploader:
         shard.times["upload_started_at"] = time.time()
         try:
             key = item.key
-            self.store.put_bytes(key, pack_embeddings(shard.ids, shard.vectors, self.dtype))
+            self.store.put_bytes(key, pack_embeddings(shard.ids, shard.vectors, self.dtype,
+                                                         shard.passages))
             timings["upload_s"] = time.monotonic() - started
             seconds = timings.get("load_s", 0.0) + timings.get("encode_s", 0.0) + timings[
                 "upload_s"]

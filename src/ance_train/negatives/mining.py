@@ -6,6 +6,9 @@ candidates: the positives removed, the positive-aware filter applied
 (``negatives.max_positive_ratio``), one positive ``d̃⁺`` drawn per query as the anchor, and
 the configured sampling strategy's probabilities; the configured pool strategy then makes
 its table of them (ANCE keeps them, ANCE-Tele mixes in momentum and lookahead negatives).
+With MaxP the index is a :class:`~ance_train.index.passages.PassageIndex`: everything here is
+about documents (scored by their best passage), and the table also names the passage of each
+candidate and positive to train on (:meth:`Miner.choose_passages`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 
 from ance_train.data.dataset import DatasetIndex
 from ance_train.index.ann import AnnIndex
+from ance_train.index.passages import PassageIndex
 from ance_train.negatives.rows import Positives, row_blocks, rowwise_lookup
 from ance_train.negatives.strategies.base import AnnRefresh
 from ance_train.negatives.table import PAD, NegativesTable, remove_positives, source_codes
@@ -150,7 +154,7 @@ class Miner:
         k = self.depth()
         candidates, candidate_sims = remove_positives(ranked, sims, self.positives, k)
         anchor = draw_anchors(self.positives, rng)
-        anchor_vectors = index.vectors(anchor)
+        anchor_vectors = index.best_vectors(queries, anchor)
         positive_sims = np.einsum("qd,qd->q", queries, anchor_vectors)
         if cfg.max_positive_ratio is not None:
             candidates, candidate_sims = drop_near_positive(
@@ -167,7 +171,20 @@ class Miner:
         table = self.pool.mine(self, refresh)
         if table is None:
             raise ValueError(f"negatives.pool {cfg.pool} does not mine ANN negatives")
+        if isinstance(index, PassageIndex):
+            self.choose_passages(table, index, queries)
         return table
+
+    def choose_passages(self, table: NegativesTable, index: PassageIndex,
+                        queries: np.ndarray) -> None:
+        """MaxP: the passage of each candidate and positive that the trainer trains on, the
+        one that scores highest for the row's query in this index (what ranks the document
+        where it is). Computed on the pool's final table, so momentum and lookahead
+        negatives (ANCE-Tele) get this refresh's best passage too."""
+        table.passages = index.best_passages(queries, table.candidates).astype(np.int8)
+        table.positive_docs = self.positives.dense(slice(None))
+        table.positive_passages = index.best_passages(
+            queries, table.positive_docs).astype(np.int8)
 
     def table(self, refresh: AnnRefresh) -> NegativesTable:
         """The negatives table of a refresh's (possibly re-mixed) candidates."""

@@ -2,7 +2,8 @@
 
 One row per training query: candidate document indices (positives already removed), their
 scores under the checkpoint that mined them, the score of the query's positive, a sampling
-probability per candidate and the source of each candidate. Sampling probabilities are
+probability per candidate and the source of each candidate; with MaxP also the passage of each
+candidate and positive to train on. Sampling probabilities are
 computed by the indexer, so drawing the negatives of a whole batch costs the trainer a few
 vectorised array operations (:meth:`NegativesTable.sample_many`).
 
@@ -61,6 +62,12 @@ class NegativesTable:
     # When the candidates are queries, not documents (DANCE's negative queries): the query id
     # each candidate index stands for, so readers never rely on a positional convention.
     candidate_query_ids: np.ndarray | None = None  # [N] str
+    # MaxP (data.passages.mode max): the passage the trainer trains on for each candidate and
+    # each of the row's positives: the one that scored highest for the row's query in the
+    # index that mined the table (index/passages.py).
+    passages: np.ndarray | None = None           # [Q, K] int8
+    positive_docs: np.ndarray | None = None      # [Q, P] int64 the row's positives, PAD-padded
+    positive_passages: np.ndarray | None = None  # [Q, P] int8
 
     def __post_init__(self) -> None:
         # Built on first use: a table the indexer only writes, or reads as a whole through
@@ -131,9 +138,26 @@ class NegativesTable:
             picked[i] = row_docs[row_valid].tolist()
         return picked
 
+    def passage_of(self, query_id: str, doc: int) -> int:
+        """MaxP: the passage of document ``doc`` to train on with ``query_id``, as a positive
+        or a negative of its row; 0 (the first passage) when the table chose none."""
+        row = self.row(query_id) if self.passages is not None else None
+        if row is None:
+            return 0
+        if self.positive_docs is not None and self.positive_passages is not None:
+            hit = np.flatnonzero(self.positive_docs[row] == doc)
+            if len(hit):
+                return int(self.positive_passages[row, hit[0]])
+        assert self.passages is not None
+        hit = np.flatnonzero(self.candidates[row] == doc)
+        return int(self.passages[row, hit[0]]) if len(hit) else 0
+
     def _members(self) -> dict[str, np.ndarray]:
         extra = ({} if self.candidate_query_ids is None
                  else {"candidate_query_ids": np.asarray(self.candidate_query_ids).astype(str)})
+        for name in ("passages", "positive_docs", "positive_passages"):
+            if getattr(self, name) is not None:
+                extra[name] = getattr(self, name)
         return dict(step=np.int64(self.step), query_ids=np.asarray(self.query_ids).astype(str),
                     candidates=self.candidates, scores=self.scores,
                     positive_scores=self.positive_scores, probabilities=self.probabilities,
@@ -157,7 +181,9 @@ class NegativesTable:
                    positive_scores=arrays["positive_scores"],
                    probabilities=arrays["probabilities"], sources=arrays["sources"],
                    first_seen=arrays.get("first_seen"),
-                   candidate_query_ids=arrays.get("candidate_query_ids"))
+                   candidate_query_ids=arrays.get("candidate_query_ids"),
+                   passages=arrays.get("passages"), positive_docs=arrays.get("positive_docs"),
+                   positive_passages=arrays.get("positive_passages"))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> NegativesTable:

@@ -1,7 +1,12 @@
 """The format of an embedding shard object: ``ids`` and ``vectors`` in one ``.npz``.
 
 Corpus shards carry document indices (int64); query shards carry the query ids (strings),
-so a reader maps vectors to queries by id, never by a positional convention.
+so a reader maps vectors to queries by id, never by a positional convention. With MaxP
+(``data.passages.mode: max``) a corpus shard holds one row per passage: ``ids`` is each
+passage's document (repeated) and ``passages`` its passage number within the document. The
+index keys passage ``p`` of document ``d`` as ``d * max_passages + p`` (:func:`passage_keys`):
+keys sort by document, then passage, so a shard's rows stay in corpus order, and
+``key // max_passages`` is the document.
 
 ``vectors`` are stored as ``inference.embedding_dtype`` (float16 by default: half the bytes
 of float32 to store and move; docs/benchmarks/embedding-dtype.md measures that retrieval does
@@ -23,14 +28,21 @@ STORED_DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32),
 
 
 def pack_embeddings(ids: np.ndarray, vectors: np.ndarray,
-                    dtype: EmbeddingDtype = "float32") -> bytes:
-    """One shard's bytes: ``vectors`` cast to ``dtype`` (round to nearest, numpy's cast)."""
+                    dtype: EmbeddingDtype = "float32",
+                    passages: np.ndarray | None = None) -> bytes:
+    """One shard's bytes: ``vectors`` cast to ``dtype`` (round to nearest, numpy's cast);
+    ``passages``: each row's passage number (MaxP corpus shards)."""
     if dtype not in STORED_DTYPES:
         raise ValueError(f"embedding dtype {dtype!r}: expected one of {sorted(STORED_DTYPES)}")
     ids = np.asarray(ids)
     ids = ids.astype(np.str_) if ids.dtype.kind in "OUS" else ids.astype(np.int64)
+    arrays = {"ids": ids, "vectors": np.asarray(vectors).astype(STORED_DTYPES[dtype])}
+    if passages is not None:
+        if len(passages) != len(ids):
+            raise ValueError(f"{len(passages)} passage numbers for {len(ids)} rows")
+        arrays["passages"] = np.asarray(passages, dtype=np.int16)
     buffer = io.BytesIO()
-    np.savez(buffer, ids=ids, vectors=np.asarray(vectors).astype(STORED_DTYPES[dtype]))
+    np.savez(buffer, **arrays)
     return buffer.getvalue()
 
 
@@ -42,6 +54,45 @@ def unpack_embeddings(data: bytes) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"embedding shard holds {vectors.dtype} vectors: expected one of "
                          f"{sorted(STORED_DTYPES)}")
     return ids, vectors.astype(np.float32, copy=False)
+
+
+def unpack_passages(data: bytes) -> np.ndarray | None:
+    """The passage number of each row of a MaxP corpus shard; None for any other shard."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        return arrays["passages"].astype(np.int64) if "passages" in arrays.files else None
+
+
+def unpack_rows(data: bytes, max_passages: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """A corpus shard's row keys and float32 vectors: document indices, or with MaxP
+    (``max_passages`` set) :func:`passage_keys`. A shard of the other kind is refused: the
+    index of one checkpoint holds documents or passages, never both."""
+    ids, vectors = unpack_embeddings(data)
+    passages = unpack_passages(data)
+    if max_passages is None:
+        if passages is not None:
+            raise ValueError("a MaxP shard (with passage numbers) where documents are indexed "
+                             "(data.passages.mode first)")
+        return ids, vectors
+    if passages is None:
+        raise ValueError("a shard of whole documents where passages are indexed "
+                         "(data.passages.mode max): it was encoded under another setting")
+    return passage_keys(ids, passages, max_passages), vectors
+
+
+def passage_keys(doc_ids: np.ndarray, passages: np.ndarray, max_passages: int) -> np.ndarray:
+    """Row keys of passages ``passages`` of documents ``doc_ids`` (int64)."""
+    passages = np.asarray(passages, dtype=np.int64)
+    if len(passages) and (passages.min() < 0 or passages.max() >= max_passages):
+        raise ValueError(f"passage numbers must lie in [0, {max_passages}): got "
+                         f"{int(passages.min())}..{int(passages.max())}")
+    return np.asarray(doc_ids, dtype=np.int64) * max_passages + passages
+
+
+def documents_of(keys: np.ndarray, max_passages: int) -> np.ndarray:
+    """The document of each row key (``-1`` stays ``-1``)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    return np.where(keys >= 0, keys // max_passages, -1)
+
 
 
 def stored_dtype(data: bytes) -> np.dtype:

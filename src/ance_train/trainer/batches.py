@@ -28,6 +28,8 @@ class TrainingBatch:
     # rank needs to cut out its own slice of the global batch (trainer/distributed.py).
     negatives_per_query: list[int] = field(default_factory=list)
     dual_per_query: list[int] = field(default_factory=list)
+    # MaxP: the passage of each column's document to train on (empty: the first of each).
+    doc_passages: list[int] = field(default_factory=list)
 
 
 class BatchBuilder:
@@ -68,7 +70,12 @@ class BatchBuilder:
         return picked
 
     def build(self, source: NegativeSource | None, dual: NegativesTable | None = None,
-              dual_per_positive: int = 1) -> TrainingBatch:
+              dual_per_positive: int = 1, passages: NegativesTable | None = None
+              ) -> TrainingBatch:
+        """The next batch; ``passages``: MaxP, the ANN table naming the passage of each
+        positive and negative to train on (:meth:`NegativesTable.passage_of`: the one that
+        scored highest for the query when the table was mined; the first passage of a
+        document the table does not name, e.g. a BM25 warm-up negative)."""
         qids = self._next_queries()
         choices = [self.positives[q] for q in qids]
         drawn = self.rng.integers(0, [len(docs) for docs in choices])  # one draw per query
@@ -79,12 +86,16 @@ class BatchBuilder:
         allowed = self._allowed(choices, columns, [len(row) for row in negatives])
         dual_texts, dual_allowed, dual_counts = self._dual(qids, positives, dual,
                                                            dual_per_positive)
+        owners = qids + [q for q, row in zip(qids, negatives, strict=True) for _ in row]
+        doc_passages = ([] if passages is None or passages.passages is None else
+                        [passages.passage_of(q, d) for q, d in zip(owners, columns, strict=True)])
         return TrainingBatch(
             query_ids=qids, query_texts=[self.queries[q] for q in qids], doc_indices=columns,
             positive_column=torch.arange(len(qids)), allowed=allowed,
             hard_negatives=len(columns) - len(qids),
             dual_query_texts=dual_texts, dual_allowed=dual_allowed,
             negatives_per_query=[len(row) for row in negatives], dual_per_query=dual_counts,
+            doc_passages=doc_passages,
         )
 
     def _allowed(self, positives: list[list[int]], columns: list[int],

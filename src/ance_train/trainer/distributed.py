@@ -49,7 +49,7 @@ import itertools
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -156,6 +156,7 @@ class RankShard:
     positive_column: torch.Tensor    # [local] global column of each local query's positive
     allowed: torch.Tensor            # [local, global docs]
     dual_allowed: torch.Tensor | None  # [local, global queries]
+    doc_passages: list[int] = field(default_factory=list)  # MaxP: see TrainingBatch
 
     @property
     def size(self) -> int:
@@ -208,6 +209,8 @@ def shard_batch(batch: TrainingBatch, rank: int, world_size: int) -> RankShard:
         allowed=batch.allowed[rows.start:rows.stop],
         dual_allowed=(None if batch.dual_allowed is None
                       else batch.dual_allowed[rows.start:rows.stop]),
+        doc_passages=([batch.doc_passages[c] for c in local_docs] if batch.doc_passages
+                      else []),
     )
 
 

@@ -37,6 +37,7 @@ import torch
 
 from ance_train.data.corpus import Corpus
 from ance_train.modeling.model import tokenize
+from ance_train.modeling.passages import PassageSplitter
 from ance_train.trainer.batches import TrainingBatch
 from ance_train.trainer.distributed import RankShard, shard_batch
 
@@ -91,13 +92,14 @@ class BatchPreparer:
     def __init__(self, tokenizer: Any, corpus: Corpus, max_query_length: int,
                  max_doc_length: int, rank: int = 0, world_size: int = 1,
                  background: bool = True, query_prompt: str = "",
-                 document_prompt: str = "") -> None:
+                 document_prompt: str = "", passages: PassageSplitter | None = None) -> None:
         self.tokenizer = tokenizer
+        self.passages = passages  # MaxP: documents are encoded as their chosen passage
         self.query_prompt = query_prompt
         self.document_prompt = document_prompt
         self.corpus = corpus
         self.max_query_length = max_query_length
-        self.max_doc_length = max_doc_length
+        self.max_doc_length = passages.length if passages is not None else max_doc_length
         self.rank = rank
         self.world_size = world_size
         self._executor = (ThreadPoolExecutor(1, thread_name_prefix="batch-prefetch")
@@ -111,8 +113,10 @@ class BatchPreparer:
         queries = tokenize(self.tokenizer, shard.query_texts + shard.dual_query_texts,
                            self.query_prompt, padding=True, truncation=True,
                            max_length=self.max_query_length, return_tensors="pt")
-        docs = tokenize(self.tokenizer, self.corpus.texts(shard.doc_indices),
-                        self.document_prompt, padding=True, truncation=True,
+        texts = self.corpus.texts(shard.doc_indices)
+        if self.passages is not None:
+            texts = self.passages.passage(texts, shard.doc_passages or [0] * len(texts))
+        docs = tokenize(self.tokenizer, texts, self.document_prompt, padding=True, truncation=True,
                         max_length=self.max_doc_length, return_tensors="pt")
         return StepInputs(shard, queries["input_ids"], queries["attention_mask"],
                           docs["input_ids"], docs["attention_mask"],

@@ -39,6 +39,7 @@ from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkQueue
 from ance_train.infra.process import die_with_parent
 from ance_train.infra.store import StorageError
 from ance_train.modeling.model import BiEncoder, load_tokenizer
+from ance_train.modeling.passages import PassageSplitter
 from ance_train.modeling.precision import autocast_context
 from ance_train.modeling.source import base_model_dir
 from ance_train.negatives.strategies.random import RandomNegatives
@@ -139,11 +140,14 @@ class Trainer:
         self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
         # Reads and tokenises the next batch while a step computes; its own tokenizer (the
         # loop's thread saves ``self.tokenizer`` into checkpoints meanwhile).
-        self.preparer = BatchPreparer(load_tokenizer(model_dir), ctx.corpus,
-                                      cfg.model.max_query_length, cfg.model.max_doc_length,
-                                      self.dist.rank, self.dist.world_size,
-                                      query_prompt=self.model.query_prompt,
-                                      document_prompt=self.model.document_prompt)
+        batch_tokenizer = load_tokenizer(model_dir)
+        self.preparer = BatchPreparer(
+            batch_tokenizer, ctx.corpus, cfg.model.max_query_length, cfg.model.max_doc_length,
+            self.dist.rank, self.dist.world_size, query_prompt=self.model.query_prompt,
+            document_prompt=self.model.document_prompt,
+            passages=(PassageSplitter(batch_tokenizer, cfg.data.passages,
+                                      cfg.model.max_doc_length, self.model.document_prompt)
+                      if cfg.data.passages.enabled else None))
         # What a step trains through: DDP over the pair encoder with several ranks.
         self.encoder = data_parallel(PairEncoder(self.model), self.dist)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
@@ -335,7 +339,8 @@ class Trainer:
         started = time.monotonic()
         source, table = self.picker.pick(step)
         dual = self.dance.source(self.feed)
-        batch = self.batches.build(source, dual, self.dance.per_positive)
+        passages = self.feed.ann if self.ctx.config.data.passages.enabled else None
+        batch = self.batches.build(source, dual, self.dance.per_positive, passages)
         return PlannedBatch(step=step, batch=batch,
                             table_step=None if table is None else table.reported_step,
                             mined_at=None if table is None else table.step,
