@@ -460,11 +460,19 @@ def plan(
         help="The indexer adds each shard as it is encoded, so the build overlaps encoding "
              "(default: the config's index.build_while_encoding, on).")
     ] = None,
+    passages_per_doc: Annotated[float | None, typer.Option(
+        min=1.0, help="MaxP (data.passages.mode max): mean passages per document after the "
+                      "data.passages.max_passages cap. Only the corpus knows it (ance-train "
+                      "would have to tokenise it), so mode max needs it; default 1 with mode "
+                      "first. Vectors = docs × this; the plan then also shows MaxP against "
+                      "FirstP (one passage per document).")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Predict the refresh period, storage per checkpoint and index memory of a run."""
+    """Predict the refresh period, storage per checkpoint and index memory of a run (with
+    MaxP, per passage, against FirstP)."""
     import numpy as np
 
+    from ance_train.config import RunConfig
     from ance_train.index import capacity
 
     if (docs_per_s is None) == (throughput_json is None):
@@ -490,25 +498,34 @@ def plan(
                                            "--docs-per-s")
         rates = (capacity.IndexRates.from_benchmark(calibration) if calibration
                  else capacity.IndexRates())
-        load = capacity.workload(docs=docs, dim=dim, replicas=replicas, measured=measured,
-                                 train_queries=train_queries, eval_queries=eval_queries,
-                                 doc_tokens=doc_tokens, query_tokens=query_tokens,
-                                 store_mb_s=store_mb_s, model_params=model_params,
-                                 config=cfg,
-                                 index_type=index_type.value if index_type else None,
-                                 ivf_quantizer=ivf_quantizer.value if ivf_quantizer else None,
-                                 partitions=partitions,
-                                 embedding_bytes=np.dtype(str(embedding_dtype)).itemsize,
-                                 indexer_cpus=indexer_cpus, overlap_build=overlap_build)
+        def workload(run: RunConfig | None, per_doc: float | None) -> capacity.Workload:
+            return capacity.workload(
+                docs=docs, dim=dim, replicas=replicas, measured=measured,
+                train_queries=train_queries, eval_queries=eval_queries, doc_tokens=doc_tokens,
+                query_tokens=query_tokens, store_mb_s=store_mb_s, model_params=model_params,
+                config=run, index_type=index_type.value if index_type else None,
+                ivf_quantizer=ivf_quantizer.value if ivf_quantizer else None,
+                partitions=partitions, embedding_bytes=np.dtype(str(embedding_dtype)).itemsize,
+                indexer_cpus=indexer_cpus, overlap_build=overlap_build,
+                passages_per_doc=per_doc)
+
+        load = workload(cfg, passages_per_doc)
         result = capacity.plan(load, rates)
+        passages = None
+        if load.maxp:  # the same run with FirstP, to state what MaxP costs
+            assert cfg is not None
+            base = workload(capacity.firstp_config(cfg), None)
+            passages = capacity.passage_cost(load, result, base, capacity.plan(base, rates))
     except (OSError, ValueError, KeyError) as error:
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(2) from None
     if as_json:
         print(json.dumps({"workload": capacity.describe(load), "rates": rates.source,
-                          **result.to_dict()}, indent=2))
+                          **result.to_dict(),
+                          **({"passages": passages} if passages is not None else {})},
+                         indent=2))
         return
-    console.print(capacity.render(load, result, rates))
+    console.print(capacity.render(load, result, rates, passages))
 
 
 @app.command()

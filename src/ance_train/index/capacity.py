@@ -1,6 +1,9 @@
 """Capacity planning (``ance-train plan``): refresh period, storage per checkpoint and index
 memory predicted from the corpus size, embedding dimension, replicas and measured throughput.
 
+With MaxP (``data.passages.mode: max``) every term that counts vectors counts passages
+(:class:`Workload` ``passages_per_doc``): see :func:`workload` and :func:`passage_cost`.
+
 The index terms count work in multiply-adds ("ops") for each index type and phase
 (``index_work``) and divide by a rate measured on this kind of machine (``IndexRates``,
 fitted by ``bench/indexer.py`` and stored in ``docs/benchmarks/indexer.json``). Sizes and
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ance_train.config import IndexConfig, RunConfig
+from ance_train.config import IndexConfig, PassagesConfig, RunConfig
 
 MIN_POINTS_PER_LIST = 39  # FAISS k-means warns below this many training points per centroid
 KMEANS_ITERS_IVF = 10  # FAISS IndexIVF coarse quantiser: ClusteringParameters.niter = 10
@@ -30,6 +33,7 @@ PQ_LOOKUP_OPS = 16
 HNSW_QUANTIZER_M = 32  # graph degree of ``index.ivf.quantizer: hnsw`` (FAISS's "HNSW32")
 HNSW_QUANTIZER_EF_CONSTRUCTION = 40  # FAISS IndexHNSW's default efConstruction
 ID_BYTES = 8  # int64 document index per row (FAISS ids, AnnIndex row → document map)
+PASSAGE_BYTES = 2  # int16 passage number per row of a MaxP corpus shard
 VECTOR_BYTES = 4  # float32 (FAISS works in float32 whatever the stored shards hold)
 RESULT_CELL_BYTES = 8 + 4  # a search result: document index int64 + score float32
 # FAISS's ArrayInvertedLists keep each list in a std::vector grown by doubling as shards are
@@ -245,6 +249,40 @@ class Workload:
     # build work encoding does not hide, plus the last shard's, stays on the refresh.
     overlap_build: bool = False
     rate: str = ""  # where docs_per_s comes from (Throughput.describe), for the report
+    # MaxP (data.passages.mode max): each document is passages_per_doc vectors on average,
+    # searched k × max_passages deep; doc_tokens is then its first passage's tokens and
+    # passage_tokens a full passage's (data.passages.length or model.max_doc_length).
+    maxp: bool = False
+    passages_per_doc: float = 1.0
+    max_passages: int = 1
+    passage_tokens: int = 0
+
+    def rows(self, docs: int) -> int:
+        """Vectors (shard rows, index entries) of ``docs`` documents: one each (FirstP), or
+        ``passages_per_doc`` each on average (MaxP)."""
+        return round(docs * self.passages_per_doc) if self.maxp else docs
+
+    @property
+    def vectors(self) -> int:
+        """Vectors of the whole corpus."""
+        return self.rows(self.docs)
+
+    @property
+    def tokens_per_doc(self) -> float:
+        """Tokens encoded per document: ``doc_tokens`` (FirstP); with MaxP the first passage's
+        ``doc_tokens`` plus ``passages_per_doc - 1`` further passages counted full
+        (``passage_tokens``). Assumed: a document long enough for a second passage fills
+        every passage but its last, and the last is padded to its batch's longest sequence,
+        so a document's tokens spread over full passages (an upper bound when the corpus
+        ends many documents in short passages)."""
+        if not self.maxp:
+            return self.doc_tokens
+        return self.doc_tokens + (self.passages_per_doc - 1) * self.passage_tokens
+
+    def depth(self, k: int) -> int:
+        """Rows a search for the top ``k`` documents asks the index for: ``k × max_passages``
+        with MaxP (index.passages.PassageIndex collapses them to ``k`` documents)."""
+        return k * self.max_passages if self.maxp else k
 
 
 @dataclass(frozen=True)
@@ -263,9 +301,14 @@ class Plan:
 
 
 def encode_seconds(load: Workload) -> float:
-    """Corpus and query shards spread over the replicas in waves (the slowest wave counts)."""
+    """Corpus and query shards spread over the replicas in waves (the slowest wave counts).
+    A corpus shard holds ``shard_size`` documents (with MaxP all their passages); its time
+    grows with the tokens encoded per document (:attr:`Workload.tokens_per_doc`, cost linear
+    in tokens as in :func:`scale_throughput`)."""
     corpus_shards = math.ceil(load.docs / load.shard_size)
     corpus_shard_s = min(load.shard_size, load.docs) / load.docs_per_s
+    if load.maxp:
+        corpus_shard_s *= load.tokens_per_doc / load.doc_tokens
     total_queries = load.train_queries + load.eval_queries
     query_rate = load.docs_per_s * load.doc_tokens / max(load.query_tokens, 1)
     query_shards = math.ceil(total_queries / load.query_shard_size)
@@ -282,14 +325,23 @@ def plan(load: Workload, rates: IndexRates | None = None) -> Plan:
     Partition 0 then fetches the P partial result lists, merges them into the global top-K,
     mines and uploads the table (``partial_transfer``, ``merge``, ``mine``,
     ``negatives_upload``).
+
+    With MaxP every corpus term counts passages (:meth:`Workload.rows`): shard rows (plus
+    ``PASSAGE_BYTES`` each), index vectors and the row map, build work; searches ask for
+    ``k × max_passages`` rows (:meth:`Workload.depth`, which only HNSW's search work
+    depends on: flat and IVF scans cost the vectors scanned, whatever the depth), and
+    ``best_passage`` adds collapsing those lists to documents and choosing each mined
+    candidate's best passage. Partial lists, the merge and mining stay in documents.
     """
     rates = rates or IndexRates()
     cfg, d, parts = load.index, load.dim, max(1, load.partitions)
-    n = math.ceil(load.docs / parts)  # documents of one partition
+    n = load.rows(math.ceil(load.docs / parts))  # vectors of one partition
+    shard_rows = load.rows(min(load.shard_size, load.docs))  # rows of one corpus shard
     queries = load.train_queries + load.eval_queries
     store_rate = load.store_mb_s * 1e6
     row_bytes = d * load.embedding_bytes + ID_BYTES
-    embeddings = (load.docs + queries) * row_bytes
+    corpus_row_bytes = row_bytes + (PASSAGE_BYTES if load.maxp else 0)
+    embeddings = load.vectors * corpus_row_bytes + queries * row_bytes
     weights = load.model_params * VECTOR_BYTES
     checkpoint = weights * (1 + ADAM_STATE_PER_PARAM)
     negatives = load.train_queries * load.mine_depth * NEGATIVE_CELL_BYTES
@@ -301,17 +353,18 @@ def plan(load: Workload, rates: IndexRates | None = None) -> Plan:
     encode = encode_seconds(load)
     # Each partition reads its corpus shards and every query shard. Uploads overlap encoding
     # except the last shard's.
-    transfer = (n + queries + load.shard_size) * row_bytes / store_rate
+    transfer = ((n + load.rows(load.shard_size)) * corpus_row_bytes
+                + queries * row_bytes) / store_rate
     build = rates.index_seconds(cfg, "build", n, d, cpus=cpus)
     hidden: dict[str, float] = {}
     if load.overlap_build:
         # Shards are added as they arrive: what encoding hides is gone from the critical
         # path; the last shard's add (its share of the build) always remains.
-        last_shard = build * min(1.0, load.shard_size / max(n, 1))
+        last_shard = build * min(1.0, load.rows(load.shard_size) / max(n, 1))
         tail = max(build - encode, 0.0) + last_shard
         hidden["index_build"] = build - tail
         build = tail
-        corpus_transfer = n * row_bytes / store_rate
+        corpus_transfer = n * corpus_row_bytes / store_rate
         hidden["embedding_transfer"] = min(corpus_transfer, encode)
         transfer -= hidden["embedding_transfer"]
     seconds = {
@@ -321,10 +374,19 @@ def plan(load: Workload, rates: IndexRates | None = None) -> Plan:
         "embedding_transfer": transfer,
         "index_build": build,
         "search_train": rates.index_seconds(cfg, "search", n, d, load.train_queries,
-                                            load.mine_depth, cpus=cpus),
+                                            load.depth(load.mine_depth), cpus=cpus),
         "search_eval": rates.index_seconds(cfg, "search", n, d, load.eval_queries,
-                                           load.eval_depth, cpus=cpus),
+                                           load.depth(load.eval_depth), cpus=cpus),
     }
+    passage_results = 0
+    if load.maxp:
+        # Each partition sorts its k × max_passages lists to documents (as merge sorts
+        # cells); partition 0 scores every passage of each mined candidate (dot products, at
+        # the flat scan's rate) to pick the one the trainer trains on.
+        passage_results = results // RESULT_CELL_BYTES * load.max_passages  # cells
+        choose = load.train_queries * load.mine_depth * load.max_passages * d
+        seconds["best_passage"] = (passage_results / rates.rates["merge"]
+                                   + rates.seconds("flat/search", choose))
     if parts > 1:
         # Every partition uploads its lists in parallel; partition 0 downloads all P.
         seconds["partial_transfer"] = (1 + parts) * results / store_rate
@@ -334,22 +396,23 @@ def plan(load: Workload, rates: IndexRates | None = None) -> Plan:
     memory = index_memory_bytes(cfg, n, d)
     # The previous index keeps serving Search while the next one is built: two at the peak,
     # plus the larger of what building and searching hold beside them.
-    shard_bytes = min(load.shard_size, load.docs) * (d * (load.embedding_bytes + VECTOR_BYTES)
-                                                     + ID_BYTES)  # as stored + as float32
+    shard_bytes = shard_rows * (d * (load.embedding_bytes + VECTOR_BYTES) + ID_BYTES
+                                + (PASSAGE_BYTES if load.maxp else 0))  # stored + float32
     building = shard_bytes
     if cfg.type in ("ivf", "ivfpq"):  # the k-means sample, pending and then concatenated
         building += 2 * ivf_train_size(cfg, n) * d * VECTOR_BYTES
     # The query vectors and the lists; a partition also packs its lists to store them (the
     # buffer and its bytes: two more copies).
-    searching = queries * d * VECTOR_BYTES + results * (3 if parts > 1 else 1)
+    # MaxP: the passage lists (k × max_passages deep) beside the document lists.
+    searching = (queries * d * VECTOR_BYTES + results * (3 if parts > 1 else 1)
+                 + passage_results * RESULT_CELL_BYTES)
     partition = 2 * memory + max(building, searching)
     # Partition 0 also holds the other partitions' lists while merging, and the previous
     # negatives table (the base of the next one) beside the new one; with partitions, the
     # merged lists and the corpus shards it reads vectors back from.
     indexer = partition + (parts - 1) * results + 2 * negatives
     if parts > 1:
-        indexer += results + MERGE_CACHE_SHARDS * min(load.shard_size, load.docs) * (
-            d * VECTOR_BYTES + ID_BYTES)
+        indexer += results + MERGE_CACHE_SHARDS * shard_rows * (d * VECTOR_BYTES + ID_BYTES)
     partials = parts * results if parts > 1 else 0
     storage = {"checkpoint": checkpoint, "embeddings": embeddings, "negatives": negatives}
     if partials:
@@ -425,24 +488,51 @@ def workload(*, docs: int, dim: int, replicas: int, train_queries: int,
              config: RunConfig | None = None, index_type: str | None = None,
              ivf_quantizer: str | None = None, partitions: int | None = None,
              embedding_bytes: int = VECTOR_BYTES, indexer_cpus: int | None = None,
-             overlap_build: bool | None = None) -> Workload:
+             overlap_build: bool | None = None,
+             passages_per_doc: float | None = None) -> Workload:
     """A :class:`Workload`; a run configuration supplies the index settings, shard sizes,
     mining and evaluation depths and caps the token counts at the model's max lengths.
     The encoding rate is ``docs_per_s`` (at the capped ``doc_tokens``) or a ``measured``
-    :class:`Throughput`, rescaled to the tokens left after the cap."""
+    :class:`Throughput`, rescaled to the tokens left after the cap.
+
+    ``passages_per_doc``: mean passages per document after the ``max_passages`` cap, needed
+    when the config's ``data.passages.mode`` is max (only the corpus knows it), 1 or None
+    otherwise. With MaxP ``doc_tokens`` is the first passage's, capped at the passage
+    length, and :attr:`Workload.tokens_per_doc` says what a document costs to encode."""
     extra: dict = {}
     index = config.index if config else IndexConfig()
+    passages = config.data.passages if config else PassagesConfig()
+    if passages.enabled:
+        assert config is not None
+        if passages_per_doc is None:
+            raise ValueError("data.passages.mode is max: give --passages-per-doc, the mean "
+                             "passages per document after the max_passages cap (only the "
+                             "corpus knows it; ance-train would have to tokenise it)")
+        if not 1 <= passages_per_doc <= passages.max_passages:
+            raise ValueError(f"--passages-per-doc {passages_per_doc:g} must lie in [1, "
+                             f"{passages.max_passages}] (data.passages.max_passages)")
+        length = passages.length or config.model.max_doc_length
+        extra = {"maxp": True, "passages_per_doc": float(passages_per_doc),
+                 "max_passages": passages.max_passages, "passage_tokens": length}
+    elif passages_per_doc is not None and passages_per_doc != 1:
+        fix = ("set data.passages.mode max" if config
+               else "give a --config with data.passages.mode max")
+        raise ValueError(f"--passages-per-doc {passages_per_doc:g} splits documents into "
+                         f"passages, but data.passages.mode is first"
+                         f"{'' if config else ' (no --config: the default)'}: {fix}, or "
+                         "give 1")
     if overlap_build is None:  # the config's (index.build_while_encoding)
         overlap_build = index.build_while_encoding
     if config is not None:
         neg = config.negatives
-        extra = {"shard_size": config.inference.shard_size,
-                 "query_shard_size": config.inference.query_shard_size,
-                 "mine_depth": max(100, neg.sampling_strategy.depth()),
-                 "eval_depth": config.index.eval_depth}
+        extra |= {"shard_size": config.inference.shard_size,
+                  "query_shard_size": config.inference.query_shard_size,
+                  "mine_depth": max(100, neg.sampling_strategy.depth()),
+                  "eval_depth": config.index.eval_depth}
         if partitions is None:
             partitions = config.index.partitions
-        doc_tokens = min(doc_tokens, config.model.max_doc_length)
+        # MaxP: the first passage's tokens, at most a passage's.
+        doc_tokens = min(doc_tokens, extra.get("passage_tokens", config.model.max_doc_length))
         query_tokens = min(query_tokens, config.model.max_query_length)
     if index_type is not None or ivf_quantizer is not None:
         settings = index.model_dump(exclude_unset=True)
@@ -465,9 +555,55 @@ def workload(*, docs: int, dim: int, replicas: int, train_queries: int,
                     indexer_cpus=indexer_cpus, overlap_build=overlap_build, **extra)
 
 
+def firstp_config(config: RunConfig) -> RunConfig:
+    """``config`` with ``data.passages.mode: first``: the FirstP baseline of a MaxP plan."""
+    return config.model_copy(update={"data": config.data.model_copy(
+        update={"passages": PassagesConfig()})})
+
+
+def passage_cost(load: Workload, result: Plan, base: Workload, base_result: Plan) -> dict:
+    """What MaxP costs: ``load``'s plan against ``base``, the same run with FirstP (one
+    vector per document), as the vectors and MaxP/FirstP ratios of encode time, index
+    memory (one partition), build work (on the refresh or hidden by encoding), store bytes
+    per refresh (all but the checkpoint) and search time (training + evaluation queries;
+    ``best_passage`` is listed apart). A ratio is None where FirstP's term is 0."""
+    def ratio(ours: float, theirs: float) -> float | None:
+        return ours / theirs if theirs else None
+
+    def build(plan_: Plan) -> float:
+        return plan_.seconds["index_build"] + plan_.hidden_seconds.get("index_build", 0.0)
+
+    def search(plan_: Plan) -> float:
+        return plan_.seconds["search_train"] + plan_.seconds["search_eval"]
+
+    def store(plan_: Plan) -> int:
+        return plan_.storage_bytes["total"] - plan_.storage_bytes["checkpoint"]
+
+    terms = {"encode_s": (result.seconds["encode"], base_result.seconds["encode"]),
+             "index_bytes": (result.index_bytes, base_result.index_bytes),
+             "index_build_s": (build(result), build(base_result)),
+             "store_bytes_per_refresh": (store(result), store(base_result)),
+             "search_s": (search(result), search(base_result)),
+             "refresh_s": (result.refresh_s, base_result.refresh_s)}
+    return {"passages_per_doc": load.passages_per_doc, "max_passages": load.max_passages,
+            "passage_tokens": load.passage_tokens, "tokens_per_doc": load.tokens_per_doc,
+            "vectors": load.vectors, "firstp_vectors": base.vectors,
+            "search_depth": {"mine": load.depth(load.mine_depth),
+                             "eval": load.depth(load.eval_depth)},
+            "maxp": {name: ours for name, (ours, _) in terms.items()},
+            "firstp": {name: theirs for name, (_, theirs) in terms.items()},
+            "ratio": {name: ratio(ours, theirs) for name, (ours, theirs) in terms.items()}}
+
+
 def describe(load: Workload) -> dict:
-    """The workload as JSON-ready values."""
-    return {**asdict(load), "index": load.index.model_dump(mode="json")}
+    """The workload as JSON-ready values (the MaxP fields and ``vectors`` only with MaxP)."""
+    values = {**asdict(load), "index": load.index.model_dump(mode="json")}
+    if not load.maxp:
+        for name in ("maxp", "passages_per_doc", "max_passages", "passage_tokens"):
+            del values[name]
+    else:
+        values |= {"vectors": load.vectors, "tokens_per_doc": load.tokens_per_doc}
+    return values
 
 
 def _size(num_bytes: float) -> str:
@@ -484,13 +620,19 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def render(load: Workload, result: Plan, rates: IndexRates) -> str:
-    """A plain-text report of a plan."""
+def render(load: Workload, result: Plan, rates: IndexRates,
+           passages: dict | None = None) -> str:
+    """A plain-text report of a plan; ``passages``: :func:`passage_cost` (MaxP)."""
     quantizer = (f" ({load.index.ivf.quantizer} quantizer)"
                  if load.index.type in ("ivf", "ivfpq") else "")
     cpus = load.indexer_cpus or rates.cpus
+    tokens = f"{load.doc_tokens} tokens/doc"
+    if load.maxp:  # docs_per_s is at the first passage's tokens
+        maxp_rate = load.docs_per_s * load.doc_tokens / load.tokens_per_doc
+        tokens = (f"at {tokens}, so {maxp_rate:,.1f} docs/s at {load.tokens_per_doc:,.0f} "
+                  f"tokens/doc in {load.passages_per_doc:g} passages")
     lines = [f"{load.docs:,} docs × {load.dim}-d, {load.replicas} replica(s) at "
-             f"{load.docs_per_s:,.1f} docs/s each ({load.doc_tokens} tokens/doc), "
+             f"{load.docs_per_s:,.1f} docs/s each ({tokens}), "
              f"{load.train_queries:,} training + {load.eval_queries:,} eval queries, "
              f"index {load.index.type}{quantizer} in {load.partitions} partition(s) of "
              f"{cpus} cores, {load.embedding_bytes}-byte embedding values"]
@@ -512,7 +654,28 @@ def render(load: Workload, result: Plan, rates: IndexRates) -> str:
               + (f", other partitions {_size(result.partition_bytes)}"
                  if load.partitions > 1 else ""),
               f"index rates: {rates.source} ({rates.cpus} cores, scaled linearly to {cpus})"]
+    if passages is not None:
+        lines += ["", *_render_passages(passages)]
     return "\n".join(lines)
+
+
+def _render_passages(cost: dict) -> list[str]:
+    """The MaxP section of :func:`render`."""
+    depth = cost["search_depth"]
+    lines = [f"MaxP: {cost['passages_per_doc']:g} passages/doc (at most "
+             f"{cost['max_passages']} of {cost['passage_tokens']} tokens) → "
+             f"{cost['vectors']:,} vectors (FirstP: {cost['firstp_vectors']:,}); searches ask "
+             f"for {depth['mine']:,} (mining) and {depth['eval']:,} (eval) passages per query",
+             f"  {'against FirstP':<24} {'MaxP':>10} {'FirstP':>10} {'ratio':>7}"]
+    names = {"encode_s": "encode", "index_bytes": "index memory/partition",
+             "index_build_s": "index build", "store_bytes_per_refresh": "store per refresh",
+             "search_s": "search (train + eval)", "refresh_s": "refresh"}
+    for key, name in names.items():
+        show = _size if "bytes" in key else _duration
+        ratio = cost["ratio"][key]
+        lines.append(f"  {name:<24} {show(cost['maxp'][key]):>10} {show(cost['firstp'][key]):>10} "
+                     + (f"{ratio:6.2f}×" if ratio is not None else f"{'-':>7}"))
+    return lines
 
 
 @dataclass(frozen=True)
@@ -535,18 +698,25 @@ class StoreNeed:
 
 
 def run_store_bytes(config: RunConfig, *, docs: int, train_queries: int, eval_queries: int,
-                    dim: int, model_params: int, dataset_bytes: int = 0) -> StoreNeed:
+                    dim: int, model_params: int, dataset_bytes: int = 0,
+                    passages_per_doc: float | None = None) -> StoreNeed:
     """What the run's store needs: every checkpoint (weights + Adam state) and every refresh's
     embeddings, negatives table and partition lists (:func:`plan`'s ``storage_bytes``),
     bounded by ``store.keep_checkpoints`` / ``store.keep_refreshes`` when set. Retention
     keeps more than N at times: the best and the served checkpoint besides the newest N, and
     the refresh the trainer still reads besides the newest N built, so N + 2 checkpoints and
     N + 1 refreshes are counted. ``dataset_bytes``: the dataset copy published to the store.
+    With MaxP a refresh's embeddings hold ``passages_per_doc`` rows per document; not given,
+    ``data.passages.max_passages`` (the most there can be: a disk check never counts short).
     """
     embedding_bytes = int(np.dtype(config.inference.embedding_dtype).itemsize)
+    passages = config.data.passages
+    if passages.enabled and passages_per_doc is None:
+        passages_per_doc = passages.max_passages
     load = workload(docs=docs, dim=dim, replicas=1, docs_per_s=1.0,
                     train_queries=train_queries, eval_queries=eval_queries,
-                    model_params=model_params, config=config, embedding_bytes=embedding_bytes)
+                    model_params=model_params, config=config, embedding_bytes=embedding_bytes,
+                    passages_per_doc=passages_per_doc)
     per = plan(load).storage_bytes
     checkpoints = len(config.training.checkpoint_steps())  # the trainer's own rule
     keep_c, keep_r = config.store.keep_checkpoints, config.store.keep_refreshes
