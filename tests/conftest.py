@@ -38,7 +38,7 @@ FAULT_MODULES = ("test_duplicate_events.py", "test_fault_corrupt_checkpoint.py",
                  "test_partition_restart.py", "test_rank_failure.py",
                  "test_shard_reclaim.py", "test_trainer_restart.py")
 SHARED_RUN_MODULES = ("test_e2e.py", "test_kube_status.py", "test_distributed.py",
-                      "test_index_partitions.py")
+                      "test_index_partitions.py", "test_maxp_e2e.py")
 WORK_UNITS = {**dict.fromkeys(FAULT_MODULES, "fault"),
               **{name: name for name in SHARED_RUN_MODULES}}
 # Slow single tests are handed out first (after the larger units), so that a run ends on short

@@ -3,12 +3,13 @@ decides where a passage begins and ends, used alike by the inferencers (which en
 passage) and the trainer (which trains on the passage the indexer chose).
 
 A document is tokenised once, without special tokens; its tokens are cut into windows of
-``length`` minus the special tokens and the document prompt, starting every ``stride`` tokens,
-at most ``max_passages`` of them (ANCE §5 after Dai & Callan, arXiv:1905.09217: 512-token
-passages, at most four). A passage is the *text* its window covers, a substring of the
-document found through the tokenizer's character offsets, so every later step (the prompt,
-the special tokens, the truncation at ``length``) is the ordinary tokenisation of a text, and
-a document that fits in one passage is encoded exactly as FirstP encodes it.
+``length`` minus the special tokens and the document prompt, starting every ``stride`` tokens
+(moved back to the start of a word, :func:`_word_start`), at most ``max_passages`` of them
+(ANCE §5 after Dai & Callan, arXiv:1905.09217: 512-token passages, at most four). A passage
+is the *text* its window covers, a substring of the document found through the tokenizer's
+character offsets, so every later step (the prompt, the special tokens, the truncation at
+``length``) is the ordinary tokenisation of a text, and a document that fits in one passage
+is encoded exactly as FirstP encodes it.
 
 In the index, passage ``p`` of document ``d`` is row key ``d * max_passages + p``
 (:func:`ance_train.protocol.embeddings.passage_keys`).
@@ -67,19 +68,21 @@ class PassageSplitter:
                                  max_length=self._reach, return_offsets_mapping=True,
                                  return_attention_mask=False, return_token_type_ids=False)
         result = []
-        for text, offsets in zip(texts, encoded["offset_mapping"], strict=True):
+        for number, (text, offsets) in enumerate(zip(texts, encoded["offset_mapping"],
+                                                     strict=True)):
             count = len(offsets)
             if count <= self.window:
                 result.append([(0, len(text))])
                 continue
+            words = encoded.word_ids(number)
             spans = []
-            for start in range(0, count, self.stride):
-                if len(spans) == self.max_passages:
-                    break
+            start = 0
+            while len(spans) < self.max_passages:
                 stop = min(start + self.window, count)
                 spans.append((offsets[start][0], offsets[stop - 1][1]))
                 if stop == count:
                     break
+                start = _word_start(words, start, start + self.stride)
             result.append(spans)
         return result
 
@@ -104,3 +107,14 @@ class PassageSplitter:
             start, end = spans[min(int(number), len(spans) - 1)]
             chosen.append(text[start:end])
         return chosen
+
+
+def _word_start(words: list, previous: int, start: int) -> int:
+    """Token ``start`` moved back to the first token of its word, if that lies after the
+    previous passage's start: a passage starting inside a word would tokenise the word's rest
+    as a word of its own (no ``##`` continuation), into more tokens than its window, and lose
+    its end to the truncation at ``length``. A word longer than the stride is cut."""
+    first = start
+    while first > previous + 1 and words[first - 1] == words[start]:
+        first -= 1
+    return first if words[first - 1] != words[start] else start
