@@ -37,14 +37,6 @@ RUN = "tls-run"
 ACL_USER = "ance-run"
 ACL_PASSWORD = "acl-password-for-the-test"
 ADMIN_PASSWORD = "admin-password-for-the-test"
-# The inferencer's "refresh under way" marker (inferencer.py _RAISE_MAX): a Lua script the
-# ACL user must be able to run, on a key of its run. Copied to keep torch out of this module.
-RAISE_MAX = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
-local proposed = tonumber(ARGV[1])
-if proposed > current then redis.call('SET', KEYS[1], proposed); return proposed end
-return current
-"""
 
 
 @pytest.fixture(scope="module")
@@ -166,9 +158,15 @@ def _exercise_bus(client: redis.Redis) -> None:
     assert bus.latest_checkpoint() == 3
     bus.register("indexer", "indexer-0", "10.0.0.1:50051")
     assert bus.services() == {"indexer:indexer-0": "10.0.0.1:50051"}
-    raise_max = client.register_script(RAISE_MAX)
-    assert int(raise_max(keys=[bus.key("refresh-marker")], args=[5])) == 5
-    assert int(raise_max(keys=[bus.key("refresh-marker")], args=[2])) == 5
+    # Supersession's markers (the inferencers' atomic raise is a Lua script the ACL user must
+    # be able to run on a key of its run): the latest checkpoint's item is worth encoding and
+    # raises the refresh under way; an overtaken one is not; checkpoint 0 always is, and
+    # never lowers the marker.
+    bus.set_latest_checkpoint(5)
+    assert bus.start_encoding(5) and bus.refresh_under_way() == 5
+    bus.set_latest_checkpoint(8)
+    assert not bus.start_encoding(2) and bus.refresh_under_way() == 5
+    assert bus.start_encoding(0) and bus.refresh_under_way() == 5
 
 
 def test_redis_acl_user_runs_the_bus_and_nothing_else(tmp_path: Path,

@@ -50,23 +50,13 @@ from ance_train.modeling.encoding import (
 )
 from ance_train.modeling.passages import PassageSplitter
 from ance_train.observability.telemetry import InferencerTelemetry
-from ance_train.protocol import keys
 from ance_train.protocol.events import ShardFailed
-from ance_train.protocol.supersession import worth_encoding
 from ance_train.protocol.work import ShardKind, query_order
 from ance_train.runtime import ServiceContext
 
 # On CPU, batches are capped at 4096 padded tokens (16 rows of 256 tokens): bounded memory and
 # cache-sized matrices; docs/benchmarks/performance.md ("Encoding") has what it measures.
 CPU_MAX_TOKENS_PER_BATCH = 4096
-
-# Atomically raise the "refresh under way" marker; returns the marker after the update.
-_RAISE_MAX = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
-local proposed = tonumber(ARGV[1])
-if proposed > current then redis.call('SET', KEYS[1], proposed); return proposed end
-return current
-"""
 
 
 @dataclass
@@ -133,7 +123,6 @@ class Inferencer:
                            if cfg.data.passages.enabled else cfg.model.max_doc_length)
         self.max_tokens_per_batch = cfg.inference.max_tokens_per_batch or (
             CPU_MAX_TOKENS_PER_BATCH if self.device.type == "cpu" else None)
-        self._raise_marker = ctx.redis.register_script(_RAISE_MAX)
         self.telemetry = InferencerTelemetry()
         self.encoded = 0
         self.skipped = 0
@@ -184,15 +173,8 @@ class Inferencer:
         self.queue.done(item)
 
     def _should_encode(self, item: WorkItem) -> bool:
-        """See :func:`ance_train.protocol.supersession.worth_encoding`; encoding an item
-        raises the "refresh under way" marker to its step."""
-        marker = self.ctx.bus.key(keys.REFRESH_UNDER_WAY)
-        latest = self.ctx.bus.latest_checkpoint()
-        under_way = int(self.ctx.redis.get(marker) or -1)
-        if not worth_encoding(item.step, latest, under_way):
-            return False
-        self._raise_marker(keys=[marker], args=[item.step])
-        return True
+        """See :meth:`~ance_train.infra.bus.EventBus.start_encoding` (supersession)."""
+        return self.ctx.bus.start_encoding(item.step)
 
     def _encode(self, item: WorkItem, consumer: str) -> None:
         ctx, cfg = self.ctx, self.ctx.config

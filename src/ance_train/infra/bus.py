@@ -30,6 +30,7 @@ from ance_train.infra.tls import REDIS_USERNAME_VAR, redis_client_options
 from ance_train.protocol import keys
 from ance_train.protocol.events import Event
 from ance_train.protocol.message import MalformedMessage, Message
+from ance_train.protocol.supersession import worth_encoding
 from ance_train.protocol.work import ShardWork
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,14 @@ log = logging.getLogger(__name__)
 # consumer loop backs off and goes on; whatever it had not acknowledged is delivered again.
 # Consumer loops catch these and nothing else: any other error stops the service.
 REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+
+# Atomically raise the "refresh under way" marker; returns the marker after the update.
+_RAISE_MAX = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local proposed = tonumber(ARGV[1])
+if proposed > current then redis.call('SET', KEYS[1], proposed); return proposed end
+return current
+"""
 
 E = TypeVar("E", bound=Event)
 M = TypeVar("M", bound=Message)
@@ -111,6 +120,7 @@ class EventBus:
     """Publish and consume the events of one run."""
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
+        self._raise_max: Any = None  # the registered _RAISE_MAX script, on first use
         self.client = client
         self.run_id = run_id
 
@@ -209,13 +219,30 @@ class EventBus:
         return [DeadLetter(entry_id, f["stream"], f["entry_id"], f["error"], f["data"])
                 for entry_id, f in self.client.xrange(self.key(keys.DEAD_LETTER_STREAM))]
 
-    # Latest published checkpoint: lets stale work be skipped cheaply.
+    # Supersession (the rule: protocol/supersession.py): the latest published checkpoint,
+    # which the trainer sets, and the refresh under way, which inferencers raise.
     def set_latest_checkpoint(self, step: int) -> None:
         self.client.set(self.key(keys.LATEST_CHECKPOINT), int(step))
 
     def latest_checkpoint(self) -> int:
         value = self.client.get(self.key(keys.LATEST_CHECKPOINT))
         return -1 if value is None else int(value)
+
+    def refresh_under_way(self) -> int:
+        """The highest checkpoint step any inferencer started encoding (-1: none yet)."""
+        value = self.client.get(self.key(keys.REFRESH_UNDER_WAY))
+        return -1 if value is None else int(value)
+
+    def start_encoding(self, step: int) -> bool:
+        """Whether an item of checkpoint ``step`` is worth encoding now
+        (:func:`~ance_train.protocol.supersession.worth_encoding`); if it is, the refresh
+        under way is raised to ``step`` (atomically: never lowered by a slower replica)."""
+        if not worth_encoding(step, self.latest_checkpoint(), self.refresh_under_way()):
+            return False
+        if self._raise_max is None:
+            self._raise_max = self.client.register_script(_RAISE_MAX)
+        self._raise_max(keys=[self.key(keys.REFRESH_UNDER_WAY)], args=[int(step)])
+        return True
 
     # Service registry for `ance-train status`: role/instance -> gRPC address, with a TTL.
     def register(self, role: str, instance: str, address: str, ttl_s: int = 30) -> None:

@@ -14,6 +14,10 @@ ICLR 2021, arXiv:2007.00808: it "takes the latest checkpoint" when it starts a r
 
 Checkpoint 0, the untrained encoder, is never superseded: every run's zero-shot row and the
 first ANN negatives come from it.
+
+The rule is here; the shared state it reads (the latest published checkpoint, the refresh
+under way and the script that raises it atomically) is behind
+:class:`ance_train.infra.bus.EventBus` (``latest_checkpoint``, ``start_encoding``).
 """
 
 from __future__ import annotations
