@@ -6,6 +6,10 @@ the tiny BERT on the SciFact subset) is killed with its launcher's process group
 services die with it (PDEATHSIG). The resumed run must finish with every step recorded once,
 the checkpoints and negatives tables announced before the kill byte for byte unchanged, and
 the final metrics written. Refusals (a changed config, a missing run) touch nothing.
+
+The run indexes MaxP passages (``data.passages.mode: max``): the resume guarantee holds with
+passages, and the passage ids survive the restart (the tables made before the kill, which
+name each negative's passage, are unchanged, and those made after it name passages too).
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ance_train.config import dump_config, load_config
 from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.store import LocalStore
 from ance_train.launcher.embedded import RESUME_SAFE_FIELDS, resume_conflicts
+from ance_train.negatives.table import NegativesTable
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished, NegativesReady
 
@@ -36,7 +42,8 @@ RUN_ID = "resumed"
 
 def _config(root: Path, data: Path, model: Path) -> dict:
     return {"run_id": RUN_ID, "output_dir": str(root / "runs"),
-            "data": {"path": str(data), "dev_fraction": 0.2},
+            "data": {"path": str(data), "dev_fraction": 0.2,
+                     "passages": {"mode": "max", "max_passages": 2}},
             "model": {"path": str(model), "max_query_length": 16, "max_doc_length": 32},
             "training": {"steps": STEPS, "batch_size": 8, "refresh_every": REFRESH,
                          "warmup_steps": 2, "learning_rate": 1e-4, "torch_threads": 1},
@@ -134,6 +141,16 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path, scifact_s
     assert run_summary["trainer"]["steps"] == STEPS
     final = store.get_json(keys.eval_report(STEPS))
     assert final["metrics"]["dev"]["ndcg@10"] >= 0.0
+    # Passages across the restart: every table names a passage per negative and positive
+    # (some beyond the first), before the kill and after it.
+    announced = sorted(store.list(f"{keys.NEGATIVES}/"))
+    assert set(tables) < set(announced)
+    for key in announced:
+        table = NegativesTable.from_bytes(store.get_bytes(key))
+        assert table.passages is not None and table.positive_passages is not None, key
+        assert set(np.unique(table.passages[table.candidates >= 0])) <= {0, 1}
+    assert any((NegativesTable.from_bytes(store.get_bytes(key)).passages == 1).any()
+               for key in announced)
     assert "final" in stdout  # the zero-shot → final table of the run's end
     assert not processes_mentioning(str(run_dir))
 
