@@ -226,11 +226,11 @@ def test_search_answers_in_documents_through_either_partition(single: Run, parti
             assert scores == sorted(scores, reverse=True)
     assert [len(r.hits) for r in want.results] == [25] * 3
     assert [len(r.hits) for r in want_vectors.results] == [300] * 4, "documents, not passages"
-    for address in twos:  # either partition fans out
-        got = search(address, queries=texts, k=25)
-        assert got.index_step == want.index_step
-        assert [[(h.doc_id, h.score) for h in r.hits] for r in got.results] == \
-            [[(h.doc_id, h.score) for h in r.hits] for r in want.results]
+    # Either partition fans out. Vector queries only: a text query makes each partition load
+    # the encoder (seconds per process), and text encoding is not where passages differ
+    # (tests/test_index_partitions.py sends text queries through partitions).
+    for address in twos:
         got_vectors = search(address, embeddings=vectors.tolist(), k=400)
+        assert got_vectors.index_step == want.index_step
         assert [[(h.doc_id, h.score) for h in r.hits] for r in got_vectors.results] == \
             [[(h.doc_id, h.score) for h in r.hits] for r in want_vectors.results]
