@@ -6,7 +6,7 @@ nothing imported:
 * the events are the classes of ``src/ance_train/protocol/events.py`` with a ``TYPE``;
 * a service's code is every module of ``src/ance_train/<role>/`` and every first-party module
   they import, directly or not (``scripts/dev/checkpoint_path_modules.py``'s resolver), so the
-  shared ``protocol/retention.py`` counts for the trainer and the indexer, which run it; the
+  shared ``infra/retention.py`` counts for the trainer and the indexer, which run it; the
   test fails if that closure reaches another service's package or the launcher, where this
   attribution would be wrong;
 * a service *writes* an event where its code calls ``<x>.publish(<Event>(…))`` and *reads* it

@@ -1,6 +1,7 @@
-"""The store lifecycle (protocol/retention.py, ``store.keep_refreshes`` / ``keep_checkpoints``):
-what is deleted, what never is. Real stores (a local directory and the moto S3 server on
-loopback), real Redis for the events the rules read, the trainer's real negatives feed."""
+"""The store lifecycle (``store.keep_refreshes`` / ``keep_checkpoints``; the rules in
+protocol/retention.py, the actor in infra/retention.py): what is deleted, what never is.
+Real stores (a local directory and the moto S3 server on loopback), real Redis for the
+events the rules read, the trainer's real negatives feed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from ance_train.infra.bus import EventBus
+from ance_train.infra.retention import RunRetention
 from ance_train.infra.rpc import GrpcServer, ServiceState, fetch_status
 from ance_train.infra.store import LocalStore, ObjectStore, S3Store
 from ance_train.negatives.table import NegativesTable
@@ -23,11 +25,7 @@ from ance_train.protocol.events import (
     RunFinished,
     TablesInUse,
 )
-from ance_train.protocol.retention import (
-    RunRetention,
-    checkpoints_to_delete,
-    complete_checkpoints,
-)
+from ance_train.protocol.retention import checkpoints_to_delete, complete_checkpoints
 from ance_train.protocol.tables import TableId
 from ance_train.trainer.negatives_feed import NegativesFeed, TablesAnnouncer
 

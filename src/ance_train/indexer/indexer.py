@@ -41,6 +41,7 @@ from ance_train.indexer.diagnostics import Diagnostics
 from ance_train.indexer.partitions import MergedIndex, partition_number
 from ance_train.indexer.search_service import PartitionDirectory, SearchService, ServedIndex
 from ance_train.infra.bus import REDIS_UNAVAILABLE, Received, WorkQueue, entry_seconds
+from ance_train.infra.retention import RunRetention
 from ance_train.infra.store import CorruptObject, StorageError
 from ance_train.modeling.checkpoint_cache import ModelCache
 from ance_train.negatives.mining import Miner, positives_of
@@ -62,7 +63,6 @@ from ance_train.protocol.events import (
     ShardFailed,
 )
 from ance_train.protocol.partials import TopK, pack_partials, unpack_partials
-from ance_train.protocol.retention import RunRetention
 from ance_train.protocol.supersession import Superseded, next_to_build, superseded
 from ance_train.protocol.tables import TableId, TableKind
 from ance_train.protocol.work import ZERO_SHOT_STEP, RefreshPlan, ShardKind

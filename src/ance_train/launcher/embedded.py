@@ -38,6 +38,7 @@ from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, connect
 from ance_train.infra.credentials import redis_password
 from ance_train.infra.disk import DiskUsageFn, check_free, size, tree_bytes
 from ance_train.infra.process import die_with_parent
+from ance_train.infra.retention import RunRetention
 from ance_train.infra.rpc import fetch_status
 from ance_train.infra.store import LocalStore, ObjectStore, StorageError, store_from_env
 from ance_train.launcher.placement import Placement, place, visible_gpus
@@ -49,7 +50,6 @@ from ance_train.modeling.source import ResolvedModel, publish_model, resolve_mod
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
 from ance_train.protocol import keys
 from ance_train.protocol.events import EvalCompleted, RunFinished
-from ance_train.protocol.retention import RunRetention
 from ance_train.runtime import publish_dataset
 
 # Logs and CI are not terminals: keep the metrics table readable there too.
@@ -554,7 +554,7 @@ class EmbeddedRun:
         """``store.keep_refreshes`` / ``keep_checkpoints`` once more, now that no service can
         read anything: the services sweep after their own refreshes and checkpoints, so the
         last ones (the final refresh, the final checkpoint) are only swept here. The rules are
-        the services' (protocol/retention.py), with the trainer's last announcement."""
+        the services' (infra/retention.py), with the trainer's last announcement."""
         store_cfg = self.config.store
         if store_cfg.keep_refreshes is None and store_cfg.keep_checkpoints is None:
             return

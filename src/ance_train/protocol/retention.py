@@ -34,23 +34,17 @@ that knows that, so each service deletes only its own kind:
   nobody takes a half-deleted checkpoint for a complete one.
 
 ``None`` keeps everything (nothing is even listed).
+
+The rules are here, as pure functions of what is stored and what was announced; the actor
+that reads the announcements and deletes (:class:`~ance_train.infra.retention.RunRetention`)
+is in ``infra/retention.py``.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ance_train.protocol import keys
-from ance_train.protocol.events import EvalCompleted, NegativesReady, RunFinished, TablesInUse
-
-if TYPE_CHECKING:
-    from ance_train.infra.bus import EventBus
-    from ance_train.infra.store import ObjectStore
-
-log = logging.getLogger(__name__)
 
 # How "best" is chosen, here and by `ance-train export --checkpoint best`: never on test.
 BEST_SPLIT = "dev"
@@ -122,113 +116,3 @@ def checkpoints_to_delete(stored: Iterable[str], keep: int | None,
     if best is not None:
         protected.add(best)
     return [step for step in complete if step < newest_evaluated and step not in protected]
-
-
-@dataclass
-class Sweep:
-    """What one pass deleted (for the log, the tests and the store size)."""
-
-    keys: list[str]
-    bytes: int
-
-    def __bool__(self) -> bool:
-        return bool(self.keys)
-
-
-def delete_refreshes(store: ObjectStore, built: Iterable[int], keep: int | None,
-                     trainer_needs_from: TrainerFloor) -> Sweep:
-    """Delete the superseded per-refresh objects of ``store``."""
-    if keep is None or isinstance(trainer_needs_from, _Unknown):
-        return Sweep([], 0)
-    sizes: dict[str, int] = {}
-    for family in keys.REFRESH_FAMILIES:
-        sizes.update(store.sizes(family))
-    doomed = refresh_keys_to_delete(sizes, built, keep, trainer_needs_from)
-    for key in doomed:
-        store.delete(key)
-    if doomed:
-        log.info("retention: deleted %d objects of refreshes %s (%d bytes)", len(doomed),
-                 sorted({keys.refresh_step(k) for k in doomed}), sum(sizes[k] for k in doomed))
-    return Sweep(doomed, sum(sizes[k] for k in doomed))
-
-
-def delete_checkpoints(store: ObjectStore, keep: int | None,
-                       evaluated: Mapping[int, Mapping[str, Mapping[str, float]]]) -> Sweep:
-    """Delete the superseded checkpoints of ``store``: each one's MANIFEST first."""
-    if keep is None:
-        return Sweep([], 0)
-    sizes = store.sizes(keys.CHECKPOINTS)
-    steps = checkpoints_to_delete(sizes, keep, evaluated)
-    doomed: list[str] = []
-    for step in steps:
-        prefix = keys.checkpoint(step) + "/"
-        manifest = f"{prefix}{MANIFEST}"
-        rest = sorted(k for k in sizes if k.startswith(prefix) and k != manifest)
-        for key in [manifest, *rest]:
-            store.delete(key)
-        doomed += [manifest, *rest]
-    if doomed:
-        log.info("retention: deleted checkpoints %s (%d bytes)", steps,
-                 sum(sizes.get(k, 0) for k in doomed))
-    return Sweep(doomed, sum(sizes.get(k, 0) for k in doomed))
-
-
-class RunRetention:
-    """The rules applied to one run: what they need is read from the run's streams,
-    incrementally (a cursor per stream), so a sweep costs one listing of the run's
-    per-refresh (or checkpoint) keys plus the events since the last sweep.
-
-    The indexer calls :meth:`sweep_refreshes` after each refresh, the trainer
-    :meth:`sweep_checkpoints` after each checkpoint, the embedded launcher both once its
-    services have stopped.
-    """
-
-    def __init__(self, bus: EventBus, store: ObjectStore, keep_refreshes: int | None,
-                 keep_checkpoints: int | None) -> None:
-        self.bus = bus
-        self.store = store
-        self.keep_refreshes = keep_refreshes
-        self.keep_checkpoints = keep_checkpoints
-        self.built: set[int] = set()
-        self.evaluated: dict[int, dict[str, dict[str, float]]] = {}
-        self.trainer_needs_from: TrainerFloor = UNKNOWN
-        self.finished = False
-        self._cursors: dict[type, str] = {}
-
-    def _read(self, event_type: type) -> list:
-        out = []
-        while True:
-            batch = self.bus.read_all(event_type, after=self._cursors.get(event_type, "0"),
-                                      count=500)
-            if not batch:
-                return out
-            self._cursors[event_type] = batch[-1].entry_id
-            out += [received.event for received in batch]
-
-    def refresh(self) -> None:
-        """Take in the events published since the last call."""
-        for ready in self._read(NegativesReady):
-            if ready.step is not None:
-                self.built.add(ready.step)
-        for done in self._read(EvalCompleted):
-            self.built.add(done.step)
-            self.evaluated[done.step] = done.metrics
-        for in_use in self._read(TablesInUse):
-            self.trainer_needs_from = in_use.needed_from
-        if self._read(RunFinished):
-            self.finished = True
-        if self.finished:
-            self.trainer_needs_from = None  # a finished trainer reads nothing more
-
-    def sweep_refreshes(self) -> Sweep:
-        if self.keep_refreshes is None:
-            return Sweep([], 0)
-        self.refresh()
-        return delete_refreshes(self.store, self.built, self.keep_refreshes,
-                                self.trainer_needs_from)
-
-    def sweep_checkpoints(self) -> Sweep:
-        if self.keep_checkpoints is None:
-            return Sweep([], 0)
-        self.refresh()
-        return delete_checkpoints(self.store, self.keep_checkpoints, self.evaluated)

@@ -171,7 +171,7 @@ class NegativesFeed:
 
 class TablesAnnouncer:
     """Announces ``negatives.in_use``: the lowest refresh whose tables the trainer may still
-    read from the store (:mod:`ance_train.protocol.retention` deletes only below it).
+    read from the store (:mod:`ance_train.infra.retention` deletes only below it).
 
     The trainer reads a refresh table from the store when the feed loads a newer one and when
     a restarted trainer reloads the tables of its newest complete checkpoint. So the floor is

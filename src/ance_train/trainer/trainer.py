@@ -37,6 +37,7 @@ from transformers import get_linear_schedule_with_warmup
 from ance_train.config import budget_summary, dump_config
 from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkQueue
 from ance_train.infra.process import die_with_parent
+from ance_train.infra.retention import RunRetention
 from ance_train.infra.store import StorageError
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.modeling.passages import PassageSplitter
@@ -48,7 +49,6 @@ from ance_train.observability.timeline import swap_scalars
 from ance_train.observability.tracking import Tracking, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
-from ance_train.protocol.retention import RunRetention
 from ance_train.runtime import ServiceContext
 from ance_train.trainer.batches import BatchBuilder, TrainingBatch
 from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
@@ -168,7 +168,7 @@ class Trainer:
         self.tables = TablesAnnouncer(ctx.bus, self.feed,
                                       cfg.negatives.mines_ann or self.dance.enabled,
                                       lambda: self.step)
-        # store.keep_checkpoints: the trainer alone deletes checkpoints (protocol/retention).
+        # store.keep_checkpoints: the trainer alone deletes checkpoints (infra/retention.py).
         self.retention = RunRetention(ctx.bus, ctx.store, None, cfg.store.keep_checkpoints)
         self.store_bytes: int | None = None  # the run's store size at the last checkpoint
         self.record = TrainingRecord()
