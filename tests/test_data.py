@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from ance_train.config import DataConfig
-from ance_train.data.corpus import Corpus, open_corpus, shard_ranges
+from ance_train.data.corpus import Corpus, open_corpus
 from ance_train.data.dataset import DatasetIndex, is_positive, load_dataset_index
 from ance_train.data.formats import DatasetFiles, doc_text
 from ance_train.data.problems import MAX_ERRORS, DataError
 from ance_train.data.validation import validate_dataset
+from ance_train.protocol.work import shard_ranges
 
 from helpers import scifact_dir
 

@@ -18,11 +18,12 @@ from minio import Minio
 from ance_train.config import ConfigError, DataConfig, S3Url, load_config, parse_config
 from ance_train.data import corpus as corpus_module
 from ance_train.data import source
-from ance_train.data.corpus import Corpus, open_corpus, shard_ranges
+from ance_train.data.corpus import Corpus, open_corpus
 from ance_train.data.formats import DatasetFiles
 from ance_train.data.problems import DataError
 from ance_train.data.validation import validate_dataset
 from ance_train.protocol.keys import DATASET_INDEX_FILE, DOC_OFFSETS_FILE
+from ance_train.protocol.work import shard_ranges
 
 from support.tcp_proxy import TcpProxy
 

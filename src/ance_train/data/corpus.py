@@ -1,6 +1,6 @@
 """Random access to the corpus without loading it: :class:`Corpus` seeks to a document through
-the byte offset of its line (``doc_offsets.npy``, a memory map), and :func:`shard_ranges` cuts
-the corpus into work items.
+the byte offset of its line (``doc_offsets.npy``, a memory map). The work items a corpus is
+cut into are :func:`ance_train.protocol.work.shard_ranges`.
 
 A corpus in a bucket (``data.path: s3://…``) is read by byte range, never downloaded: a run
 of documents (an inferencer's shard, a BM25 chunk) is one ranged GET streamed line by line,
@@ -267,15 +267,6 @@ class Corpus:
                 index += 1
         if index < stop:
             raise DataError(f"{self.path}: ended before document {index}; validate again")
-
-
-def shard_ranges(num_items: int, shard_size: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, stop)`` ranges of at most ``shard_size`` items covering all."""
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be at least 1, got {shard_size}")
-    if num_items < 0:
-        raise ValueError(f"num_items must not be negative, got {num_items}")
-    return [(s, min(s + shard_size, num_items)) for s in range(0, num_items, shard_size)]
 
 
 def open_corpus(cfg: DataConfig, cache_dir: str | Path) -> Corpus:

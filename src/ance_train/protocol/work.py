@@ -65,6 +65,15 @@ def query_order(dataset: DatasetIndex) -> list[str]:
     return ordered
 
 
+def shard_ranges(num_items: int, shard_size: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` ranges of at most ``shard_size`` items covering all."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be at least 1, got {shard_size}")
+    if num_items < 0:
+        raise ValueError(f"num_items must not be negative, got {num_items}")
+    return [(s, min(s + shard_size, num_items)) for s in range(0, num_items, shard_size)]
+
+
 class RefreshPlan(BaseModel):
     """The shards of checkpoint ``step``: half-open ranges of documents and of queries."""
 
@@ -76,8 +85,6 @@ class RefreshPlan(BaseModel):
 
     @classmethod
     def for_run(cls, step: int, config: RunConfig, dataset: DatasetIndex) -> RefreshPlan:
-        from ance_train.data.corpus import shard_ranges
-
         return cls(
             step=step,
             corpus_ranges=tuple(shard_ranges(dataset.num_docs, config.inference.shard_size)),
