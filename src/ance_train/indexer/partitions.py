@@ -21,11 +21,10 @@ import numpy as np
 from ance_train.index.ann import AnnIndex, blockwise_scores
 from ance_train.index.capacity import MERGE_CACHE_SHARDS
 from ance_train.index.merge import merge_topk
+from ance_train.infra.env import PARTITION_VAR
 from ance_train.infra.store import ObjectStore
 from ance_train.protocol.embeddings import documents_of, unpack_rows
 from ance_train.protocol.work import RefreshPlan, ShardKind
-
-PARTITION_VAR = "ANCE_INDEX_PARTITION"
 
 
 def partition_number(instance: str, partitions: int) -> int:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+# Which index partition an indexer process is (the embedded launcher sets it; a StatefulSet
+# pod's name says it otherwise: ance_train.indexer.partitions.partition_number).
+PARTITION_VAR = "ANCE_INDEX_PARTITION"
+
 TRUE_SPELLINGS = frozenset({"1", "true", "yes", "on"})
 FALSE_SPELLINGS = frozenset({"", "0", "false", "no", "off"})
 

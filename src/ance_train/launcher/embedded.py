@@ -33,10 +33,10 @@ from rich.table import Table
 from ance_train.config import RunConfig, dump_config, resolve_budget
 from ance_train.data.validation import dev_size_warning, validate_dataset
 from ance_train.index.capacity import encoder_size, run_store_bytes
-from ance_train.indexer.partitions import PARTITION_VAR
 from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, connect
 from ance_train.infra.credentials import redis_password
 from ance_train.infra.disk import DiskUsageFn, check_free, size, tree_bytes
+from ance_train.infra.env import PARTITION_VAR
 from ance_train.infra.process import die_with_parent
 from ance_train.infra.retention import RunRetention
 from ance_train.infra.rpc import fetch_status

@@ -31,7 +31,6 @@ from ance_train.infra.store import MANIFEST_NAME, ObjectNotFound, ObjectStore
 from ance_train.modeling.model import META_FILE
 from ance_train.protocol import keys
 from ance_train.protocol.retention import BEST_MEASURE, BEST_SPLIT
-from ance_train.trainer.training_state import STATE_JSON, STATE_TENSORS
 
 CONFIG_FILE = "ance_train_config.yaml"
 EVAL_FILE = "eval_results.json"
@@ -151,7 +150,8 @@ def export_checkpoint(store: ObjectStore, which: str, out: Path,
                                     else None))
     try:
         store.get_dir(keys.checkpoint(step), staging,
-                      skip=lambda rel: rel in (STATE_JSON, STATE_TENSORS))
+                      skip=lambda rel: rel in (keys.TRAINING_STATE_JSON,
+                                              keys.TRAINING_STATE_TENSORS))
         (staging / MANIFEST_NAME).unlink(missing_ok=True)
         meta = json.loads((staging / META_FILE).read_text()) if (
             staging / META_FILE).is_file() else {}

@@ -39,6 +39,12 @@ def checkpoint(step: int) -> str:
     return f"{CHECKPOINTS}/{int(step)}"
 
 
+# The trainer's resumable state in a checkpoint directory, beside the model's files (what
+# ``ance-train export`` leaves out of an exported model).
+TRAINING_STATE_JSON = "training_state.json"
+TRAINING_STATE_TENSORS = "training_state.safetensors"
+
+
 def checkpoint_step(key: str) -> int | None:
     """The step of a key under ``checkpoints/<step>/``, or None for any other key."""
     parts = key.split("/")

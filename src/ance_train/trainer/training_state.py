@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ance_train.protocol import keys
 from ance_train.trainer.tensor_state import StateFormatError, load_state, save_state
 
-STATE_JSON = "training_state.json"
-STATE_TENSORS = "training_state.safetensors"
+STATE_JSON = keys.TRAINING_STATE_JSON
+STATE_TENSORS = keys.TRAINING_STATE_TENSORS
 FORMAT_VERSION = 1
 
 
