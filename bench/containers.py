@@ -40,11 +40,9 @@ from typing import Any
 
 import yaml
 
-# bench/chaos.py puts tests/ on sys.path (make_scifact_subset lives there).
-from chaos import run_checks
-
-from helpers import make_scifact_subset
-from report import command_line, machine, utc_now, write_report
+from ance_train_dev.chaos import run_checks
+from ance_train_dev.helpers import make_scifact_subset
+from ance_train_dev.report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 PLAY = [sys.executable, str(REPO / "scripts" / "containers" / "play_chart.py")]

@@ -51,7 +51,14 @@ from ance_train.trainer.batches import TrainingBatch
 from ance_train.trainer.distributed import DistributedContext, init_from_env, shard_batch
 from ance_train.trainer.step import PairEncoder, backward_step, data_parallel
 
-from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
+from ance_train_dev.report import (
+    DEFAULT_MODEL,
+    command_line,
+    machine,
+    model_directory,
+    utc_now,
+    write_report,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -247,8 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(args.model)
         if args.tiny:
-            sys.path.insert(0, str(REPO / "tests"))
-            from support.synthetic import make_tiny_bert
+            from ance_train_dev.synthetic import make_tiny_bert
 
             model_dir = str(make_tiny_bert(Path(tmp) / "tiny"))
         cfg = {"model": model_dir, "batch": args.batch_size, "qlen": args.query_length,

@@ -41,7 +41,7 @@ from ance_train.modeling.encoding import encode_texts
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.protocol.embeddings import pack_embeddings, unpack_embeddings
 
-from report import command_line, machine, utc_now, write_report
+from ance_train_dev.report import command_line, machine, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 DEPTH = 100

@@ -38,11 +38,10 @@ from ance_train.index import capacity
 from ance_train.index.ann import AnnIndex, recall_at
 from ance_train.negatives.mining import Miner
 
-from report import command_line, machine, utc_now, write_report
+from ance_train_dev.report import command_line, machine, utc_now, write_report
+from ance_train_dev.synthetic import clustered_vectors, queries_near
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from support.synthetic import clustered_vectors, queries_near  # noqa: E402
 
 TYPES = ["flat", "ivf", "ivfpq", "hnsw"]
 SHARD = 10_000  # vectors per read (the indexer reads one embedding shard at a time)

@@ -1,7 +1,7 @@
 """Peak memory of each service at two corpus sizes, through the real embedded run.
 
-For each size a synthetic BEIR corpus of short documents (``support.synthetic.write_beir`` of
-tests/support/; the same queries count at every size) is trained on by ``ance-train run``
+For each size a synthetic BEIR corpus of short documents (``ance_train_dev.synthetic.write_beir``,
+the dev harness; the same queries count at every size) is trained on by ``ance-train run``
 with a tiny randomly initialised BERT (2 layers, hidden 32) whose projection head gives 384-d
 embeddings, so encoding is fast but the index has a real embedding size. The run does two
 refreshes (checkpoint 0 and the final one). Every service is its own OS process; the peak
@@ -37,11 +37,10 @@ import yaml
 from ance_train.config import IndexConfig
 from ance_train.index import capacity
 
-from report import command_line, machine, utc_now, write_report
+from ance_train_dev.report import command_line, machine, utc_now, write_report
+from ance_train_dev.synthetic import make_tiny_bert, write_beir
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from support.synthetic import make_tiny_bert, write_beir  # noqa: E402
 
 POLL_S = 0.2
 

@@ -7,7 +7,7 @@ the queries, ANCE top-200, ANCE-Tele rows of 400): the search results of the ref
 previous refresh's table (half of each row carried over, as consecutive refreshes share
 candidates), lookahead neighbours. Each stage of the refresh path runs in the code of
 ``src`` ("after") and in the per-row code it replaced ("before", the references kept in
-``tests/support/mining_reference.py``, never shipped) on the same inputs; the outputs are
+``dev/ance_train_dev/mining_reference.py``, never shipped) on the same inputs; the outputs are
 checked equal, bit for bit. FAISS search and the dense scores are left out: they were never
 per-row Python and did not change.
 
@@ -72,11 +72,7 @@ from ance_train.negatives.table import (
 from ance_train.protocol.tables import TableId
 from ance_train.trainer.negatives_feed import NegativesFeed
 
-from report import command_line, cpu_flags, machine, utc_now, write_report
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from support.mining_reference import (  # noqa: E402
+from ance_train_dev.mining_reference import (
     reference_align_rows,
     reference_anchors,
     reference_composition,
@@ -90,6 +86,9 @@ from support.mining_reference import (  # noqa: E402
     reference_reciprocal_ranks,
     reference_remove_positives,
 )
+from ance_train_dev.report import command_line, cpu_flags, machine, utc_now, write_report
+
+REPO = Path(__file__).resolve().parents[1]
 
 MS_MARCO_DOCS = 8_841_823
 STEP, PREVIOUS_STEP = 6, 3
@@ -435,7 +434,7 @@ def render_markdown(report: dict) -> str:
         f"Inputs (synthetic, `bench/mining.py`): {p['docs']:,} documents, "
         f"{p['positives_per_query']} positives per query, top-{p['top_k']} ANN candidates, "
         f"ANCE-Tele rows of {p['tele_candidates']}, the previous table sharing half of each "
-        "row. *Before*: the per-row code replaced (`tests/support/mining_reference.py`), run "
+        "row. *Before*: the per-row code replaced (`dev/ance_train_dev/mining_reference.py`), run "
         f"once; *after*: `src`, median of {p['repeats']} runs. Every *after* output was "
         "checked equal to *before*'s, bit for bit, where both ran.", "",
         "## Mining time per 100k training queries", "",

@@ -33,7 +33,14 @@ from ance_train.evaluation import evaluate
 from ance_train.modeling.encoding import encode_texts, prepare_model
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 
-from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
+from ance_train_dev.report import (
+    DEFAULT_MODEL,
+    command_line,
+    machine,
+    model_directory,
+    utc_now,
+    write_report,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ["fp32", "bf16", "int8"]

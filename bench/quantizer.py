@@ -24,12 +24,11 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from report import command_line, machine, utc_now, write_report
+from ance_train.index.capacity import HNSW_QUANTIZER_M
+
+from ance_train_dev.report import command_line, machine, utc_now, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from ance_train.index.capacity import HNSW_QUANTIZER_M  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

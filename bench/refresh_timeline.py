@@ -35,11 +35,17 @@ from ance_train.config import load_config
 from ance_train.launcher.embedded import EmbeddedRun
 from ance_train.observability.timeline import PHASE_NAMES, check_order, run_timelines
 
-from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
+from ance_train_dev.helpers import make_scifact_subset
+from ance_train_dev.report import (
+    DEFAULT_MODEL,
+    command_line,
+    machine,
+    model_directory,
+    utc_now,
+    write_report,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from helpers import make_scifact_subset  # noqa: E402  (the tests' SciFact slice)
 
 VARIANTS = {"before": {"inference": {"reuse_between_refreshes": False}}, "after": {}}
 # Inferencer rows: drawn shard by shard (the times of shard.encoded that bound them).

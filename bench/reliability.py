@@ -3,8 +3,9 @@
 Runs ``pytest -m fault`` (the tests marked ``fault``: Redis restart, object store outage,
 corrupt shard, killed replica / trainer / indexer, duplicate events) with ``ANCE_FAULT_REPORT``
 pointing to a temporary JSON-lines file, into which each test writes one row after its
-assertions passed (tests/fault_report.py). The rows, the pass/fail state and duration of every
-test (from pytest's JUnit XML), the machine, the date and the command become a Markdown table.
+assertions passed (dev/ance_train_dev/fault_report.py). The rows, the pass/fail state and
+duration of every test (from pytest's JUnit XML), the machine, the date and the command
+become a Markdown table.
 
     python bench/reliability.py                       # all fault tests -> docs/reliability.md
     python bench/reliability.py -k redis              # a subset (the table says so)
@@ -27,10 +28,9 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import SECTION as CHAOS_SECTION
-from search_load import SECTION as SEARCH_LOAD_SECTION
-
-from report import command_line, machine, utc_now
+from ance_train_dev.chaos import SECTION as CHAOS_SECTION
+from ance_train_dev.report import command_line, machine, utc_now
+from ance_train_dev.search_load import SECTION as SEARCH_LOAD_SECTION
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN_KEYS = {"fault", "injection", "outcome", "recovery_s", "lost", "recorded", "test"}

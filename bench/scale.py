@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import psutil
-from refresh_scaling import refreshes
 
 from ance_train.config import load_config
 from ance_train.index import capacity
@@ -40,12 +39,12 @@ from ance_train.infra import bus as events
 from ance_train.launcher.embedded import EmbeddedRun
 from ance_train.protocol import keys
 
-from report import command_line, machine, utc_now, write_report
+from ance_train_dev.helpers import write_config
+from ance_train_dev.refresh_scaling import refreshes
+from ance_train_dev.report import command_line, machine, utc_now, write_report
+from ance_train_dev.synthetic import make_tiny_bert, write_beir
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from helpers import write_config  # noqa: E402
-from support.synthetic import make_tiny_bert, write_beir  # noqa: E402
 
 WORDS_PER_DOC = 24
 HIDDEN = 32  # the tiny encoder's embedding dimension

@@ -63,7 +63,14 @@ from ance_train.trainer.loss import contrastive_nll
 from ance_train.trainer.prefetch import BatchPreparer
 from ance_train.trainer.trainer import Trainer
 
-from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
+from ance_train_dev.report import (
+    DEFAULT_MODEL,
+    command_line,
+    machine,
+    model_directory,
+    utc_now,
+    write_report,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -432,8 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.tiny:
-            sys.path.insert(0, str(REPO / "tests"))
-            from support.synthetic import make_tiny_bert
+            from ance_train_dev.synthetic import make_tiny_bert
 
             args.model = str(make_tiny_bert(root / "tiny-bert"))
         redis = RedisServer(root / "redis").start()

@@ -26,6 +26,8 @@ if ! python -c "import torch" 2>/dev/null; then
   python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
 python -m pip install -q -e ".${extras:+[$extras]}"
+# The dev harness (dev/ance_train_dev: test support and benchmark libraries), never shipped.
+python -m pip install -q --no-deps -e ./dev
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   if ! python -c "import faiss, sys; sys.exit(0 if faiss.get_num_gpus() > 0 else 1)" 2>/dev/null; then
     # The gpu extra's FAISS in place of the CPU one (pip cannot drop a dependency itself).

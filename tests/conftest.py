@@ -29,8 +29,8 @@ import pytest
 from ance_train.infra.bus import EventBus, connect
 from ance_train.launcher.redis_server import RedisServer
 
-from helpers import make_scifact_subset, make_tiny_bert
-from servers import moto_server, use_worker_port_range
+from ance_train_dev.helpers import make_scifact_subset, make_tiny_bert
+from ance_train_dev.servers import moto_server, use_worker_port_range
 
 FAULT_MODULES = ("test_duplicate_events.py", "test_fault_corrupt_checkpoint.py",
                  "test_fault_corrupt_shard.py", "test_fault_redis_restart.py",

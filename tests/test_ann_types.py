@@ -11,7 +11,7 @@ from ance_train.config import ConfigError, IndexConfig, parse_config
 from ance_train.index import ann
 from ance_train.index.ann import AnnIndex, recall_at
 
-from support.synthetic import clustered_vectors, queries_near
+from ance_train_dev.synthetic import clustered_vectors, queries_near
 
 DIM = 32
 DOCS = 6000

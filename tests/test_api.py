@@ -12,7 +12,7 @@ import pytest
 import ance_train
 from ance_train.launcher.embedded import RunAborted
 
-from helpers import assert_export_loads_like
+from ance_train_dev.helpers import assert_export_loads_like
 
 pytestmark = pytest.mark.e2e
 

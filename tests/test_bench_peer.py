@@ -13,15 +13,13 @@ from ance_train.config import DataConfig
 from ance_train.data.dataset import DatasetIndex
 from ance_train.data.validation import validate_dataset
 
-from helpers import REPO
+from ance_train_dev.helpers import REPO
 
 
 def test_peer_runs_as_a_quality_method(monkeypatch, tmp_path: Path, scifact_subset,
                                        tiny_model) -> None:
     """In process (the interpreter and imports are most of a subprocess's time here)."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import quality
-    import significance
+    from ance_train_dev import quality, significance
 
     out, runs = tmp_path / "out", tmp_path / "runs"
     sigterm = signal.getsignal(signal.SIGTERM)  # quality.main installs its own
@@ -65,9 +63,9 @@ def test_peer_runs_as_a_quality_method(monkeypatch, tmp_path: Path, scifact_subs
 
 def test_peer_truncates_queries_and_documents_separately(monkeypatch, tiny_model) -> None:
     """The anchor column gets the query limit, the others the document limit."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    from peer_sentence_transformers import _collator
     from sentence_transformers import SentenceTransformer
+
+    from ance_train_dev.peer_sentence_transformers import _collator
 
     model = SentenceTransformer(str(tiny_model), device="cpu")
     long = " ".join(["word"] * 200)
@@ -81,8 +79,7 @@ def test_peer_truncates_queries_and_documents_separately(monkeypatch, tiny_model
 def test_peer_shares_the_methods_budget_and_named_datasets(monkeypatch, tmp_path: Path) -> None:
     """The peer's config is ance's data/model/training/inference with the profile laid over
     it; ``--data nfcorpus`` is the shared NFCorpus copy, reported under its own name."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import quality
+    from ance_train_dev import quality
 
     args = quality.parse_args(["--data", "nfcorpus", "--steps", "60"])
     assert args.data == REPO.parent / "shared" / "data" / "nfcorpus"

@@ -12,14 +12,12 @@ import pytest
 
 from ance_train.launcher import ports
 
-from helpers import REPO
-from servers import worker_port_range
-
-sys.path.insert(0, str(REPO / "bench"))
 # The analyses run in this process (their CLIs' own main): a subprocess each spent 5-15 s of a
 # loaded CI machine importing scipy and torch again.
-import negative_hardness
-import significance as significance_cli
+from ance_train_dev import negative_hardness
+from ance_train_dev import significance as significance_cli
+from ance_train_dev.helpers import REPO
+from ance_train_dev.servers import worker_port_range
 
 
 def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny_model) -> None:
@@ -83,7 +81,8 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     assert abs(report["aggregate"]["in-batch"]["test"]["ndcg@10"]["mean"]
                - sum(in_batch) / 2) < 1e-12
     assert [part["methods"] for part in report["parts"]] == [["in-batch"], ["ance"], ["in-batch"]]
-    assert report["overrides"] == ["training.learning_rate=3e-5"]
+    # --max-doc-length is recorded as the override it is.
+    assert report["overrides"] == ["training.learning_rate=3e-5", "model.max_doc_length=32"]
     bm25 = report["references"]["BM25 (bm25s k1=0.9 b=0.4)"]
     zero_shot = report["references"]["zero-shot (no training)"]
     for ref in (bm25, zero_shot):
@@ -152,8 +151,8 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     merged = json.loads((out / "variants.json").read_text())
     assert merged["methods"] == ["in-batch", "ance", "ance-same-k"]
     assert merged["variants"] == {"ance-same-k": {"method": "ance", "overrides": [
-        "training.learning_rate=3e-5", f"negatives.top_k={top_k}"]}}
-    assert merged["overrides"] == ["training.learning_rate=3e-5"]
+        "training.learning_rate=3e-5", f"negatives.top_k={top_k}", "model.max_doc_length=32"]}}
+    assert merged["overrides"] == ["training.learning_rate=3e-5", "model.max_doc_length=32"]
     assert merged["aggregate"]["ance-same-k"] == merged["aggregate"]["ance"]
     assert "Variants: ance-same-k = ance with" in (out / "variants.md").read_text()
     assert significance_cli.main([*significance, str(out / "variants.json")]) == 0
@@ -244,8 +243,7 @@ def test_stopping_the_benchmark_stops_its_run(tmp_path: Path, scifact_subset, ti
 def test_overrides_reach_a_strategy_section(monkeypatch) -> None:
     """``--set negatives.simans.a=0.3`` sets a field of a strategy's section, next to the
     values the method's file gives that section; a two-part path still sets a field."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import quality
+    from ance_train_dev import quality
 
     raw = {"negatives": {"pool": "ann", "simans": {"top_k": 100, "a": 0.5}}}
     quality.apply_overrides(raw, ["negatives.simans.a=0.3", "negatives.tele.max_candidates=90",

@@ -1,4 +1,4 @@
-"""``bench/stored_run.py`` rebuilds a kept checkpoint's index as the indexer built it.
+"""``dev/ance_train_dev/stored_run.py`` rebuilds a kept checkpoint's index as the indexer built it.
 
 ``bench/significance.py`` refuses a report whose test nDCG@10 the rebuilt ranking does not
 reproduce; a rebuild that scores documents even one ulp differently from the indexer can swap
@@ -17,13 +17,10 @@ from ance_train.indexer.build import ShardedBuild
 from ance_train.protocol import keys
 from ance_train.protocol.embeddings import pack_embeddings
 
-from helpers import REPO
-
 
 def test_a_stored_checkpoint_scores_exactly_as_the_indexer_did(monkeypatch,
                                                                 tmp_path: Path) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    from stored_run import load_checkpoint
+    from ance_train_dev.stored_run import load_checkpoint
 
     rng = np.random.default_rng(0)
     docs, dim, shard_size, step = 1000, 32, 300, 20

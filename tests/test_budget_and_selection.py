@@ -33,10 +33,8 @@ from ance_train.infra.store import LocalStore
 from ance_train.protocol import keys
 from ance_train.trainer.early_stopping import decide, stored_evaluations
 
-from helpers import write_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from quality import select_checkpoint
+from ance_train_dev.helpers import write_config
+from ance_train_dev.quality import select_checkpoint
 
 
 def _config(**training) -> dict:

@@ -31,7 +31,7 @@ from ance_train.protocol.events import CheckpointPublished, EvalCompleted, Shard
 from ance_train.protocol.work import RefreshPlan, ShardKind, ShardWork, query_order
 from ance_train.runtime import ServiceContext, ServiceOptions
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 DIM = 16
 

@@ -18,7 +18,7 @@ from ance_train.index import capacity
 from ance_train.index.ann import AnnIndex
 from ance_train.index.capacity import IndexRates, Workload, index_bytes, index_work, plan
 
-from support.synthetic import clustered_vectors
+from ance_train_dev.synthetic import clustered_vectors
 
 RATES = IndexRates({key: 1e9 for key in capacity.DEFAULT_RATES} | {"mine": 1e6}, "test")
 

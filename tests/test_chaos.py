@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+from ance_train_dev import chaos
 
-import chaos  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.e2e
 

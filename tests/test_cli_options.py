@@ -8,7 +8,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 
 def ance(*args: str) -> subprocess.CompletedProcess:

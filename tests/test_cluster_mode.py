@@ -19,7 +19,7 @@ from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.credentials import redact_url
 from ance_train.launcher.redis_server import RedisServer
 
-from service_harness import Harness, stop, wait_registered
+from ance_train_dev.service_harness import Harness, stop, wait_registered
 
 S3_SECRET = "s3-secret-2b7d90aa41"
 CREDENTIALS = ("ANCE_REDIS_PASSWORD", "ANCE_S3_ENDPOINT", "ANCE_S3_ACCESS_KEY",
@@ -58,7 +58,7 @@ def base_env() -> dict[str, str]:
 
 @pytest.fixture
 def config_path(tmp_path: Path, tiny_model: Path, scifact_subset: Path) -> Path:
-    from helpers import write_config
+    from ance_train_dev.helpers import write_config
 
     return write_config(tmp_path / "config.yaml", run_id="cluster-mode",
                         data={"path": str(scifact_subset)},

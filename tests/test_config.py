@@ -18,7 +18,7 @@ from ance_train.config import (
 )
 from ance_train.negatives.strategies.registry import STRATEGIES
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 
 def _load_error(path: Path) -> str:

@@ -18,7 +18,7 @@ from ance_train.data.problems import MAX_ERRORS, DataError
 from ance_train.data.validation import validate_dataset
 from ance_train.protocol.work import shard_ranges
 
-from helpers import scifact_dir
+from ance_train_dev.helpers import scifact_dir
 
 SCIFACT = scifact_dir()  # a missing copy fails the suite loudly, never skips
 

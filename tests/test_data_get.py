@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import write_config
-from support.synthetic import write_beir
+from ance_train_dev.helpers import write_config
+from ance_train_dev.synthetic import write_beir
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -26,7 +26,7 @@ from ance_train.trainer.checkpoints import (
 )
 from ance_train.trainer.training_state import TrainingState
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 
 def test_store_need_is_plan_storage_times_what_retention_keeps(scifact_subset: Path) -> None:

@@ -35,8 +35,8 @@ from ance_train.launcher.ports import free_port
 from ance_train.trainer.distributed import DistributedContext, reorder, shard_batch
 from ance_train.trainer.loss import contrastive_nll
 
-import distributed_world
-from distributed_world import CHUNKS, STEPS, World, make_model
+from ance_train_dev import distributed_world
+from ance_train_dev.distributed_world import CHUNKS, STEPS, World, make_model
 
 WORLD_SIZE = 2
 

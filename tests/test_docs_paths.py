@@ -32,7 +32,7 @@ DOCS = sorted({*REPO.glob("docs/**/*.md"), REPO / "README.md",
 HISTORICAL = {
     "services/__init__.py",  # architecture.md, Layout: why the old package root was removed
 }
-TOP = r"(?:src|tests|bench|scripts|services|docker|helm|configs|proto)"
+TOP = r"(?:src|tests|bench|dev|scripts|services|docker|helm|configs|proto)"
 EXT = r"(?:py|sh|md|ya?ml|txt|proto|json|conf|c|map|tpl|toml)"
 REPO_PATH = re.compile(rf"(?<![\w/.-]){TOP}/[\w/.-]*\w\.{EXT}\b")
 PACKAGE_PATH = re.compile(r"`((?:\w+/)+\w+\.py)`")

@@ -30,8 +30,8 @@ from ance_train.protocol.events import (
 from ance_train.protocol.tables import TableId
 from ance_train.protocol.work import ShardWork
 
-from fault_report import record_fault
-from service_harness import Harness, stop, wait_until
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.service_harness import Harness, stop, wait_until
 
 pytestmark = pytest.mark.fault
 

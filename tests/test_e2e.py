@@ -28,8 +28,13 @@ from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.tables import TableId
 from ance_train.protocol.work import CORPUS, QUERIES, RefreshPlan, query_order
 
-from helpers import assert_export_loads_like, card_metrics, model_card_metadata, write_config
-from service_harness import registered_services, wait_until
+from ance_train_dev.helpers import (
+    assert_export_loads_like,
+    card_metrics,
+    model_card_metadata,
+    write_config,
+)
+from ance_train_dev.service_harness import registered_services, wait_until
 
 pytestmark = pytest.mark.e2e
 

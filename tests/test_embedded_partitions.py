@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 
 def test_embedded_run_with_two_index_partitions(tmp_path: Path, scifact_subset,

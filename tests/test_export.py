@@ -18,7 +18,7 @@ from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.protocol import keys
 from ance_train.trainer.training_state import STATE_JSON
 
-from helpers import assert_export_loads_like, card_metrics, model_card_metadata
+from ance_train_dev.helpers import assert_export_loads_like, card_metrics, model_card_metadata
 
 # dev nDCG@10 peaks at step 5; test peaks at step 10 (best must not look at test).
 REPORTS = {0: {"dev": {"ndcg@10": 0.10, "mrr@10": 0.08}, "test": {"ndcg@10": 0.11}},

@@ -26,7 +26,7 @@ from ance_train.negatives.table import (
 from ance_train.protocol.tables import TableId
 from ance_train.runtime import publish_dataset
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 STEP = 20
 DOCS = 30

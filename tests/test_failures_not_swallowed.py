@@ -30,7 +30,7 @@ from ance_train.protocol.work import RefreshPlan
 from ance_train.runtime import ServiceContext, ServiceOptions
 from ance_train.trainer.negatives_feed import NegativesFeed
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 
 class ScriptedBus:

@@ -25,9 +25,9 @@ import pytest
 from ance_train.infra.bus import EventBus, connect
 from ance_train.protocol.events import CheckpointPublished, EvalCompleted, ShardEncoded, ShardFailed
 
-from fault_report import record_fault
-from fault_run import entry_ms
-from service_harness import (
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.fault_run import entry_ms
+from ance_train_dev.service_harness import (
     Harness,
     checkpoint_steps,
     stop,

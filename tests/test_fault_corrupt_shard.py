@@ -21,8 +21,8 @@ from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.events import EvalCompleted, NegativesReady, ShardEncoded
 from ance_train.protocol.work import CORPUS, ShardWork
 
-from fault_report import record_fault
-from fault_run import (
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.fault_run import (
     ServiceRun,
     assert_nothing_lost,
     entry_ms,
@@ -30,7 +30,7 @@ from fault_run import (
     run_sections,
     shards_encoded,
 )
-from service_harness import Harness, wait_until
+from ance_train_dev.service_harness import Harness, wait_until
 
 pytestmark = pytest.mark.fault
 

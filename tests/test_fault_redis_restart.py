@@ -19,8 +19,8 @@ from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.protocol.events import CheckpointPublished, NegativesReady, ShardEncoded
 
-from fault_report import record_fault
-from fault_run import (
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.fault_run import (
     ServiceRun,
     assert_nothing_lost,
     entry_ms,
@@ -28,7 +28,7 @@ from fault_run import (
     run_sections,
     wait_mid_refresh,
 )
-from service_harness import Harness
+from ance_train_dev.service_harness import Harness
 
 pytestmark = pytest.mark.fault
 

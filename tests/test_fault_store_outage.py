@@ -1,7 +1,7 @@
 """The object store unreachable for 30 s in the middle of a refresh.
 
 The services reach a real S3 server (moto, through the minio client) only through a loopback
-TCP proxy (tests/support/tcp_proxy.py). While checkpoint 0's shards are being encoded the
+TCP proxy (dev/ance_train_dev/tcp_proxy.py). While checkpoint 0's shards are being encoded the
 proxy resets every open connection and every new one for 30 s; moto itself keeps running, so
 its in-memory objects survive. Store calls must retry with backoff (S3Store: tenacity, up to
 ``ANCE_S3_RETRY_SECONDS``), no service may exit, and the run must complete with nothing lost.
@@ -18,8 +18,8 @@ import pytest
 from ance_train.infra.bus import EventBus, connect
 from ance_train.protocol.events import ShardEncoded
 
-from fault_report import record_fault
-from fault_run import (
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.fault_run import (
     ServiceRun,
     assert_nothing_lost,
     entry_ms,
@@ -27,8 +27,8 @@ from fault_run import (
     run_sections,
     wait_mid_refresh,
 )
-from service_harness import Harness
-from support.tcp_proxy import tcp_proxy
+from ance_train_dev.service_harness import Harness
+from ance_train_dev.tcp_proxy import tcp_proxy
 
 pytestmark = pytest.mark.fault
 

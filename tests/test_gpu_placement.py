@@ -12,8 +12,8 @@ from ance_train.config import load_config
 from ance_train.launcher.embedded import EmbeddedRun
 from ance_train.launcher.placement import place, visible_gpus
 
-from helpers import write_config
-from support.synthetic import write_beir
+from ance_train_dev.helpers import write_config
+from ance_train_dev.synthetic import write_beir
 
 INFERENCERS = ["inferencer-0", "inferencer-1"]
 

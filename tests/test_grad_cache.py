@@ -13,7 +13,7 @@ from ance_train.config import TrainingConfig
 from ance_train.trainer import grad_cache
 from ance_train.trainer.distributed import DistributedContext, shard_batch, shard_loss
 
-from distributed_world import Learner, World, make_model
+from ance_train_dev.distributed_world import Learner, World, make_model
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ from ance_train.config import parse_config
 from ance_train.indexer.partitions import PARTITION_VAR, partition_number
 from ance_train.launcher.embedded import RANKS_ENV, service_command
 
-from helm_render import (
+from ance_train_dev.helm_render import (
     CHART_DIR,
     KUBE_VERSION,
     NAMESPACE,

@@ -11,7 +11,7 @@ import yaml
 
 from ance_train.config import parse_config
 
-from helm_render import (
+from ance_train_dev.helm_render import (
     KUBE_VERSION,
     HelmError,
     containers,

@@ -16,7 +16,7 @@ from test_helm_chart import KEDA_CRDS, _keda_schema, _undeclared, _validate_all,
 from ance_train.infra.bus import EventBus, WorkQueue
 from ance_train.protocol.work import ShardWork
 
-from helm_render import (
+from ance_train_dev.helm_render import (
     HelmError,
     find,
     lint_chart,

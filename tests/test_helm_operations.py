@@ -21,7 +21,7 @@ from test_helm_chart import _validate_all, selects
 
 from ance_train.infra.rpc import GrpcServer, ServiceState
 
-from helm_render import (
+from ance_train_dev.helm_render import (
     REPO_ROOT,
     HelmError,
     containers,
@@ -33,7 +33,7 @@ from helm_render import (
     render_manifests,
     render_notes,
 )
-from kube_standin import KubeStandIn, role_allows
+from ance_train_dev.kube_standin import KubeStandIn, role_allows
 
 FULLNAME = "ance-train"
 EXAMPLES = REPO_ROOT / "helm" / "examples"

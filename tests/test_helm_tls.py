@@ -24,7 +24,7 @@ from ance_train.infra.tls import GrpcTls, redis_acl_rule
 from ance_train.launcher.ports import free_port
 from ance_train.protocol.events import RunFinished
 
-from helm_render import (
+from ance_train_dev.helm_render import (
     KUBE_VERSION,
     HelmError,
     containers,
@@ -36,8 +36,8 @@ from helm_render import (
     render_chart,
     render_manifests,
 )
-from servers import REDIS_TLS_DIR, redis_tls_server
-from tls_certs import make_pki
+from ance_train_dev.servers import REDIS_TLS_DIR, redis_tls_server
+from ance_train_dev.tls_certs import make_pki
 
 FULLNAME = "ance-train"
 WORKLOADS = {"trainer": "Job", "inferencer": "Deployment", "indexer": "Deployment"}

@@ -34,7 +34,13 @@ from ance_train.protocol.events import (
 )
 from ance_train.protocol.tables import TableId
 
-from service_harness import Harness, checkpoint_steps, stop, wait_registered, wait_until
+from ance_train_dev.service_harness import (
+    Harness,
+    checkpoint_steps,
+    stop,
+    wait_registered,
+    wait_until,
+)
 
 
 def _sections(data: Path, model: Path, run_id: str, partitions: int) -> dict:

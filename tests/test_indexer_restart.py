@@ -26,9 +26,9 @@ from ance_train.protocol.events import (
 )
 from ance_train.protocol.tables import TableId
 
-from fault_report import record_fault
-from helpers import scifact_dir
-from service_harness import Harness, stop, wait_until
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.helpers import scifact_dir
+from ance_train_dev.service_harness import Harness, stop, wait_until
 
 pytestmark = pytest.mark.fault
 

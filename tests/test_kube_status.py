@@ -4,10 +4,10 @@ as Prometheus metrics.
 Trainer, one inferencer and the indexer run as OS processes with the cluster's settings:
 ``ANCE_CLUSTER_MODE=1``, a real redis-server with ``requirepass``, a real S3 server (moto,
 through the minio client), started before ``ance-train prepare`` publishes the dataset index.
-The Kubernetes API is the one stand-in (tests/kube_standin.py: no API server can run here);
-the services reach it through the official ``kubernetes`` client, and it holds the AnceRun,
-CRD and Role that the Helm chart renders. Midway through training the stand-in goes down for
-a few seconds. Metrics are scraped from the live services over HTTP.
+The Kubernetes API is the one stand-in (dev/ance_train_dev/kube_standin.py: no API server can
+run here); the services reach it through the official ``kubernetes`` client, and it holds the
+AnceRun, CRD and Role that the Helm chart renders. Midway through training the stand-in goes
+down for a few seconds. Metrics are scraped from the live services over HTTP.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from ance_train.protocol import keys
 from ance_train.protocol.events import EvalCompleted
 from ance_train.runtime import ranks_restart_on_failure
 
-from helm_render import NAMESPACE, find, one, render_chart
-from helpers import write_config
-from kube_standin import ApiRequest, KubeStandIn, role_allows
-from servers import free_port
-from service_harness import Harness, stop, wait_until
+from ance_train_dev.helm_render import NAMESPACE, find, one, render_chart
+from ance_train_dev.helpers import write_config
+from ance_train_dev.kube_standin import ApiRequest, KubeStandIn, role_allows
+from ance_train_dev.servers import free_port
+from ance_train_dev.service_harness import Harness, stop, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from helpers import write_config
-from service_harness import processes_mentioning, registered_services, wait_until
+from ance_train_dev.helpers import write_config
+from ance_train_dev.service_harness import processes_mentioning, registered_services, wait_until
 
 
 def ance(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:

@@ -41,7 +41,13 @@ from ance_train.protocol.events import (
 from ance_train.protocol.tables import TableId
 from ance_train.protocol.work import RefreshPlan, ShardKind
 
-from service_harness import Harness, checkpoint_steps, stop, wait_registered, wait_until
+from ance_train_dev.service_harness import (
+    Harness,
+    checkpoint_steps,
+    stop,
+    wait_registered,
+    wait_until,
+)
 
 MAX_PASSAGES = 3
 

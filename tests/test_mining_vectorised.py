@@ -1,6 +1,6 @@
 """The vectorised refresh path against the per-row code it replaced (issue 15, item 6).
 
-Every function runs next to its old per-row implementation (``tests/support/
+Every function runs next to its old per-row implementation (``dev/ance_train_dev/
 mining_reference.py``, ``reference_*``) on seeded random inputs built to hit the corners:
 duplicate documents within a row and across parts, positives among the candidates, rows of
 PAD only, short rows, PAD in the middle of a row, probability ties, query ids missing from
@@ -35,7 +35,7 @@ from ance_train.negatives.table import (
 from ance_train.protocol.tables import TableId
 from ance_train.trainer.negatives_feed import NegativesFeed
 
-from support.mining_reference import (
+from ance_train_dev.mining_reference import (
     reference_align_rows,
     reference_anchors,
     reference_composition,

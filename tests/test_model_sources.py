@@ -2,7 +2,7 @@
 once by `prepare` (or the embedded launcher), copied into the run's store, and every role
 uses that copy; `export --push-to-hub` uploads through huggingface_hub.
 
-The Hub is a loopback stand-in (tests/hub_standin.py) serving the endpoints the real
+The Hub is a loopback stand-in (dev/ance_train_dev/hub_standin.py) serving the endpoints the real
 huggingface_hub client calls; the commands run as real processes with HF_ENDPOINT pointing
 at it and HF_HOME in a temporary directory. S3 is the moto server.
 """
@@ -30,8 +30,8 @@ from ance_train.protocol import keys
 from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.runtime import fetch_dataset
 
-from helpers import make_tiny_bert, write_config
-from hub_standin import HubStandIn
+from ance_train_dev.helpers import make_tiny_bert, write_config
+from ance_train_dev.hub_standin import HubStandIn
 
 REPO_ID = "ance-test/tiny-bert"
 

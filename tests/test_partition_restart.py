@@ -30,9 +30,9 @@ from ance_train.protocol.events import (
     ShardEncoded,
 )
 
-from fault_report import record_fault
-from helpers import scifact_dir
-from service_harness import Harness, checkpoint_steps, stop, wait_until
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.helpers import scifact_dir
+from ance_train_dev.service_harness import Harness, checkpoint_steps, stop, wait_until
 
 pytestmark = pytest.mark.fault
 

@@ -54,7 +54,7 @@ from ance_train.trainer.batches import BatchBuilder, TrainingBatch
 from ance_train.trainer.distributed import shard_batch
 from ance_train.trainer.prefetch import BatchPreparer, PlannedBatch
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 M = 4      # max_passages of the synthetic corpus
 DIM = 8

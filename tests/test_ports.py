@@ -10,7 +10,7 @@ import pytest
 
 from ance_train.launcher import ports
 
-from servers import use_worker_port_range, worker_port_range
+from ance_train_dev.servers import use_worker_port_range, worker_port_range
 
 
 def test_picked_ports_lie_below_the_ephemeral_range_and_are_bindable() -> None:

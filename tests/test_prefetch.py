@@ -31,7 +31,7 @@ from ance_train.trainer.prefetch import PlannedBatch
 from ance_train.trainer.trainer import Trainer
 from ance_train.trainer.training_state import TrainingState
 
-from service_harness import Harness
+from ance_train_dev.service_harness import Harness
 
 STEPS = 5
 WORKER = "batch-prefetch"  # the preparer's thread name prefix

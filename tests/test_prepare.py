@@ -16,8 +16,8 @@ from ance_train.protocol.keys import DATASET_INDEX as DATASET_INDEX_KEY
 from ance_train.protocol.keys import DATASET_INDEX_FILE
 from ance_train.protocol.keys import DOC_OFFSETS as DOC_OFFSETS_KEY
 
-from helpers import write_config
-from service_harness import Harness, stop, wait_registered, wait_until
+from ance_train_dev.helpers import write_config
+from ance_train_dev.service_harness import Harness, stop, wait_registered, wait_until
 
 
 def make_harness(root: Path, run_id: str, redis: RedisServer, s3_env: dict[str, str],

@@ -20,7 +20,7 @@ from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.runtime import ServiceOptions, connect_context
 from ance_train.trainer.trainer import Trainer
 
-from service_harness import Harness
+from ance_train_dev.service_harness import Harness
 
 TEXTS = ["what causes a fever?", "Vitamin D deficiency is linked to bone loss in adults.",
          "dense retrieval", "a much longer sentence about hard negatives, refreshed "

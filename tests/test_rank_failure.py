@@ -28,9 +28,9 @@ from ance_train.launcher.ports import free_port
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished, EvalCompleted, NegativesReady
 
-from fault_report import record_fault
-from service_harness import Harness, checkpoint_steps, stop, wait_until
-from support.ranks import rank_process
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.ranks import rank_process
+from ance_train_dev.service_harness import Harness, checkpoint_steps, stop, wait_until
 
 pytestmark = pytest.mark.fault
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import scifact_dir
+from ance_train_dev.helpers import scifact_dir
 
 REPO = Path(__file__).resolve().parents[1]
 ANCE_TRAIN = Path(sys.executable).parent / "ance-train"

@@ -30,8 +30,8 @@ from ance_train.protocol.events import (
     ShardEncoded,
 )
 
-from helpers import write_config
-from service_harness import wait_until
+from ance_train_dev.helpers import write_config
+from ance_train_dev.service_harness import wait_until
 
 STEPS = 6
 

@@ -39,8 +39,8 @@ from ance_train.trainer.training_state import (
     restore_rng,
 )
 
-from helpers import write_config
-from service_harness import Harness
+from ance_train_dev.helpers import write_config
+from ance_train_dev.service_harness import Harness
 
 K = 3  # checkpoint every K steps; the run is K + 2 steps long
 

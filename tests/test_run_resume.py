@@ -33,8 +33,8 @@ from ance_train.negatives.table import NegativesTable
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished, NegativesReady
 
-from helpers import write_config
-from service_harness import processes_mentioning, wait_until
+from ance_train_dev.helpers import write_config
+from ance_train_dev.service_harness import processes_mentioning, wait_until
 
 STEPS, REFRESH = 60, 10  # 50 steps after the first checkpoint for the kill to land in
 RUN_ID = "resumed"

@@ -25,7 +25,7 @@ from ance_train.data.validation import validate_dataset
 from ance_train.protocol.keys import DATASET_INDEX_FILE, DOC_OFFSETS_FILE
 from ance_train.protocol.work import shard_ranges
 
-from support.tcp_proxy import TcpProxy
+from ance_train_dev.tcp_proxy import TcpProxy
 
 HEADER = "query-id\tcorpus-id\tscore"
 
@@ -347,7 +347,7 @@ def test_prepare_and_validate_commands_read_the_bucket(
     from ance_train.infra.store import store_from_env
     from ance_train.protocol.keys import DATASET_INDEX, DOC_OFFSETS
 
-    from helpers import write_config
+    from ance_train_dev.helpers import write_config
 
     good = upload(s3, beir_files())
     bad_files = beir_files()

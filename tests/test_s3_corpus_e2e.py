@@ -28,7 +28,7 @@ from ance_train.protocol import keys
 from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.tables import TableId
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 pytestmark = pytest.mark.e2e
 

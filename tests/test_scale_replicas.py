@@ -15,7 +15,7 @@ from pathlib import Path
 from ance_train.infra.bus import EventBus, connect
 from ance_train.protocol.events import NegativesReady, ShardEncoded
 
-from service_harness import Harness, stop, wait_until
+from ance_train_dev.service_harness import Harness, stop, wait_until
 
 
 def _refreshed(bus: EventBus) -> list[int]:

@@ -23,8 +23,8 @@ from ance_train.protocol.embeddings import unpack_embeddings
 from ance_train.protocol.events import ShardEncoded
 from ance_train.protocol.work import CORPUS, ShardWork
 
-from fault_report import record_fault
-from service_harness import Harness, stop, wait_until
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.service_harness import Harness, stop, wait_until
 
 pytestmark = pytest.mark.fault
 

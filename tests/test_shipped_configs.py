@@ -10,7 +10,7 @@ import yaml
 
 from ance_train.config import load_config
 
-from helpers import REPO
+from ance_train_dev.helpers import REPO
 
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 METHODS = sorted((REPO / "configs" / "methods").glob("*.yaml"))

@@ -27,7 +27,7 @@ from ance_train.infra.store import (
     store_from_env,
 )
 
-from servers import free_port, moto_server
+from ance_train_dev.servers import free_port, moto_server
 
 StoreFactory = Callable[[str], ObjectStore]
 

@@ -18,7 +18,7 @@ from ance_train.infra.store import LocalStore
 from ance_train.negatives.strategies.simans import simans_probabilities
 from ance_train.negatives.table import PAD, SOURCE_CODE, NegativesTable
 
-from helpers import write_config
+from ance_train_dev.helpers import write_config
 
 pytestmark = pytest.mark.e2e
 

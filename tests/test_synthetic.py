@@ -1,4 +1,4 @@
-"""Synthetic inputs (tests/support/synthetic.py): a valid BEIR dataset and clustered
+"""Synthetic inputs (dev/ance_train_dev/synthetic.py): a valid BEIR dataset and clustered
 embeddings whose nearest neighbours are structured."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 from ance_train.config import DataConfig
 from ance_train.data.validation import validate_dataset
 
-from support.synthetic import clustered_vectors, queries_near, write_beir
+from ance_train_dev.synthetic import clustered_vectors, queries_near, write_beir
 
 
 def test_written_beir_dataset_validates(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.process import TERMINATION_GRACE_VAR, termination_grace_s
 
-from service_harness import Harness, stop, wait_registered
+from ance_train_dev.service_harness import Harness, stop, wait_registered
 
 GRACE_S = 3.0
 

@@ -1,7 +1,7 @@
 """Encrypted and authenticated traffic: gRPC with TLS (and mutual TLS), Redis with TLS and the
 run's ACL user of least privilege. Real servers on loopback, certificates made for the test
-(tests/tls_certs.py): clients without the certificate, with another CA's, or with the wrong ACL
-user are refused; the services' own client code works with the right ones."""
+(dev/ance_train_dev/tls_certs.py): clients without the certificate, with another CA's, or with
+the wrong ACL user are refused; the services' own client code works with the right ones."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from ance_train.launcher.redis_server import RedisServer
 from ance_train.protocol.events import RunFinished
 from ance_train.protocol.work import ShardKind, ShardWork
 
-from servers import redis_tls_server
-from tls_certs import SERVICE_NAME, Pki, make_pki
+from ance_train_dev.servers import redis_tls_server
+from ance_train_dev.tls_certs import SERVICE_NAME, Pki, make_pki
 
 RUN = "tls-run"
 ACL_USER = "ance-run"

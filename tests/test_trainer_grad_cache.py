@@ -11,8 +11,8 @@ import pytest
 from ance_train.runtime import ServiceOptions, connect_context
 from ance_train.trainer.trainer import Trainer
 
-from distributed_world import make_model
-from service_harness import Harness
+from ance_train_dev.distributed_world import make_model
+from ance_train_dev.service_harness import Harness
 
 STEPS = 4
 

@@ -26,9 +26,9 @@ from ance_train.protocol.events import CheckpointPublished
 from ance_train.runtime import ServiceOptions, connect_context
 from ance_train.trainer.trainer import Trainer
 
-from distributed_world import make_model
-from helpers import write_config
-from service_harness import Harness, processes_mentioning
+from ance_train_dev.distributed_world import make_model
+from ance_train_dev.helpers import write_config
+from ance_train_dev.service_harness import Harness, processes_mentioning
 
 STEPS = 5
 EVERY = 3

@@ -21,8 +21,8 @@ from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished
 from ance_train.trainer.checkpoints import latest_complete_checkpoint
 
-from fault_report import record_fault
-from service_harness import Harness, stop, wait_until
+from ance_train_dev.fault_report import record_fault
+from ance_train_dev.service_harness import Harness, stop, wait_until
 
 pytestmark = pytest.mark.fault
 

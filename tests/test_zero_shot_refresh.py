@@ -16,7 +16,7 @@ from pathlib import Path
 from ance_train.infra.bus import EventBus, connect
 from ance_train.protocol.events import CheckpointPublished, EvalCompleted, ShardEncoded
 
-from service_harness import (
+from ance_train_dev.service_harness import (
     Harness,
     checkpoint_steps,
     stop,

@@ -11,7 +11,7 @@ seed-to-seed noise, ``--baseline-seeds`` − 1 more). Each is the embedded mode
 (:class:`~ance_train.launcher.embedded.EmbeddedRun`: a private redis-server, the trainer,
 ``--replicas`` inferencers, ``--partitions`` index partitions, each an OS process, restarted by
 the launcher when it dies) with a tiny random BERT, storing everything in a real S3 server
-(moto) that each run reaches through its own loopback TCP proxy (tests/support/tcp_proxy.py).
+(moto) that each run reaches through its own loopback TCP proxy (dev/ance_train_dev/tcp_proxy.py).
 
 In the chaos run a seeded nemesis, every 3–10 s (uniform), injects the next fault of a
 schedule drawn from ``--seed`` before the run starts (kinds drawn from a shuffled bag, so
@@ -63,10 +63,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from ance_train_dev.report import Section, command_line, machine, utc_now, write_report
 
-from report import Section, command_line, machine, utc_now, write_report  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 SECTION = Section("chaos", "bench/chaos.py")
 KINDS = ("kill", "stop", "redis", "cut", "slow")
@@ -97,7 +96,7 @@ def service_names(replicas: int, partitions: int, trainer_processes: int = 1) ->
 
 def rank_pid(torchrun_pid: int, rank: int) -> int | None:
     """The process id of trainer rank ``rank`` under torchrun (None while there is none)."""
-    from support.ranks import rank_process
+    from ance_train_dev.ranks import rank_process
 
     process = rank_process(torchrun_pid, rank)
     return None if process is None else process.pid
@@ -361,7 +360,7 @@ def run_worker(spec_path: Path) -> int:
     from ance_train.config import parse_config
     from ance_train.launcher.embedded import EmbeddedRun, RunAborted
 
-    from support.tcp_proxy import TcpProxy
+    from ance_train_dev.tcp_proxy import TcpProxy
 
     spec = json.loads(spec_path.read_text())
     host, port = spec["s3"]["ANCE_S3_ENDPOINT"].split(":")
@@ -547,7 +546,7 @@ def after_stop_checks(run) -> dict:
     read by a fresh server), no temporary object in the run's part of the store."""
     from ance_train.launcher.redis_server import RedisServer
 
-    from service_harness import processes_mentioning
+    from ance_train_dev.service_harness import processes_mentioning
 
     checks = {}
     deadline = time.monotonic() + 10
@@ -606,7 +605,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _data_dir(choice: str, work: Path) -> Path:
     if choice == "subset":
-        from helpers import make_scifact_subset
+        from ance_train_dev.helpers import make_scifact_subset
 
         return make_scifact_subset(work / "data")
     if choice == "scifact":
@@ -628,8 +627,8 @@ def launch_workers(args: argparse.Namespace, work: Path, s3_env: dict, data: Pat
         spec_path.write_text(json.dumps(spec, indent=2))
         log = open(work / f"{run_id}.log", "wb")  # noqa: SIM115 - closed below
         processes.append((spec_path, log, subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(spec_path)], stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
+            [sys.executable, str(REPO / "bench" / "chaos.py"), "--worker", str(spec_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)))
     results = []
     try:
         codes = [process.wait() for _, _, process in processes]
@@ -778,8 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads(args.render.read_text())
         publish(args, report)
         return 0 if report["passed"] else 1
-    from servers import moto_server
-    from support.synthetic import make_tiny_bert
+    from ance_train_dev.servers import moto_server
+    from ance_train_dev.synthetic import make_tiny_bert
 
     date, load_before = utc_now(), os.getloadavg()[0]
     services = service_names(args.replicas, args.partitions, args.trainer_processes)
@@ -847,7 +846,3 @@ def publish(args: argparse.Namespace, report: dict) -> None:
     if args.reliability:
         doc = Path(args.reliability)
         doc.write_text(SECTION.splice(doc.read_text() if doc.exists() else "", markdown))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ from ance_train.trainer.batches import BatchBuilder, TrainingBatch
 from ance_train.trainer.distributed import DistributedContext, init_from_env, shard_batch
 from ance_train.trainer.step import PairEncoder, backward_step, data_parallel
 
-from support.synthetic import make_tiny_bert
+from ance_train_dev.synthetic import make_tiny_bert
 
 NUM_QUERIES = 40
 NUM_DOCS = 120

@@ -48,9 +48,16 @@ from ance_train.config import ModelConfig
 from ance_train.modeling.encoding import encode_texts, plan_batches, prepare_model
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 
-from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
+from ance_train_dev.report import (
+    DEFAULT_MODEL,
+    command_line,
+    machine,
+    model_directory,
+    utc_now,
+    write_report,
+)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MIN_COSINE = 0.999
 CPU_VARIANTS = ["baseline", "ours fp32", "ours fp32 bg", "ours fp32 eager", "ours bf16",
                 "ours bf16 bg", "ours int8"]
@@ -398,7 +405,3 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     return run_mfu(args) if args.mode == "mfu" else run_compare(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

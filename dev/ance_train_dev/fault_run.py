@@ -31,7 +31,7 @@ from ance_train.protocol.events import (
 )
 from ance_train.protocol.work import CORPUS, QUERIES, RefreshPlan, ShardWork
 
-from service_harness import Harness, stop, wait_until
+from ance_train_dev.service_harness import Harness, stop, wait_until
 
 STEPS = 12
 

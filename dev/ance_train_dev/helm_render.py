@@ -17,7 +17,7 @@ from typing import Any
 import helm_python as helm
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "helm" / "ance-train"
 RELEASE = "ance-train"
 NAMESPACE = "ml"

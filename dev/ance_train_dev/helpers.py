@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from support.synthetic import make_tiny_bert  # noqa: F401 - re-exported
+from ance_train_dev.synthetic import make_tiny_bert  # noqa: F401 - re-exported
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCIFACT = Path(os.environ.get("ANCE_SCIFACT_DIR", REPO.parent / "shared" / "data" / "scifact"))
 
 

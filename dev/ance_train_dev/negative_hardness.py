@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from stored_run import StoredCheckpoint, load_checkpoint
 
 from ance_train.negatives.table import PAD, NegativesTable
 
-from report import command_line, machine, utc_now, write_report
+from ance_train_dev.report import command_line, machine, utc_now, write_report
+from ance_train_dev.stored_run import StoredCheckpoint, load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NEAR_POSITIVE = 0.95
 
 
@@ -167,7 +167,3 @@ def main(argv: list[str] | None = None) -> None:
               "near_positive": NEAR_POSITIVE,
               "runs": [analyse_run(run_dir) for run_dir in args.runs]}
     write_report(args.out, args.name, report, markdown(report))
-
-
-if __name__ == "__main__":
-    main()

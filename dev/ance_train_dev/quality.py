@@ -31,10 +31,10 @@ ance-top20``; ``--combine`` then merges it beside the method itself, and
 
 ``st-static`` is the peer a user would run instead: sentence-transformers, hard negatives
 mined once by the zero-shot model, MultipleNegativesRankingLoss, with the same split, budget,
-checkpoints and evaluation (``bench/peer_sentence_transformers.py``); ``bench/significance.py
---reference st-static`` compares every row with it. ``--data nfcorpus`` runs on NFCorpus,
-whose official dev qrels are the dev split. The exact commands of the runs against the peer
-(SciFact and NFCorpus, 60 steps, 3 seeds) are in docs/benchmarks/quality-peer.md:
+checkpoints and evaluation (``dev/ance_train_dev/peer_sentence_transformers.py``);
+``bench/significance.py --reference st-static`` compares every row with it. ``--data nfcorpus``
+runs on NFCorpus, whose official dev qrels are the dev split. The exact commands of the runs
+against the peer (SciFact and NFCorpus, 60 steps, 3 seeds) are in docs/benchmarks/quality-peer.md:
 
     python bench/quality.py --profile cpu --steps 60 --methods st-static --seeds 13 \
         --name long60-st-static-s13 --out docs/benchmarks/quality-cpu-60-parts \
@@ -62,11 +62,11 @@ import yaml
 
 from ance_train.config import apply_overrides, parse_override
 
-from report import command_line, machine, utc_now, write_report
+from ance_train_dev.report import command_line, machine, utc_now, write_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METHODS_DIR = REPO / "configs" / "methods"
-# The peer a user would run instead (bench/peer_sentence_transformers.py): sentence-
+# The peer a user would run instead (dev/ance_train_dev/peer_sentence_transformers.py): sentence-
 # transformers, hard negatives mined once by the zero-shot model, MNRL. Not a method of this
 # system, so it has no file in configs/methods/: it gets ance.yaml's data and model settings.
 PEER = "st-static"
@@ -166,6 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if len(keys) < 2:  # run_id and output_dir are the benchmark's own
             parser.error(f"--set {override!r}: expected SECTION.FIELD=VALUE "
                          "(or SECTION.SUBSECTION.FIELD=VALUE)")
+    if args.max_doc_length:  # recorded with the run, as a variant's other settings are
+        args.overrides.append(f"model.max_doc_length={args.max_doc_length}")
     if args.label and len(args.methods) != 1:
         parser.error(f"--label names one method; got --methods {' '.join(args.methods)}")
     if args.label in ALL_METHODS and args.label != args.methods[0]:
@@ -278,7 +280,7 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         started = time.monotonic()
         if method == PEER:
-            from peer_sentence_transformers import train_peer
+            from ance_train_dev.peer_sentence_transformers import train_peer
 
             shutil.rmtree(run_dir, ignore_errors=True)
             train_peer(config, run_dir)
@@ -405,11 +407,13 @@ def render_markdown(report: dict) -> str:
     variants = report.get("variants") or {}
     if variants:
         lines += ["", "Variants: " + "; ".join(
-            f"{label} = {v['method']} with {', '.join(f'`{o}`' for o in v['overrides'])}"
+            f"{label} = {v['method']}"
+            + (f" with {', '.join(f'`{o}`' for o in v['overrides'])}" if v["overrides"] else "")
             for label, v in variants.items()) + "."]
     peer_runs = [r for r in report["runs"] if "peer" in r]
     if peer_runs:
-        lines += ["", f"{PEER} (sentence-transformers, bench/peer_sentence_transformers.py): "
+        lines += ["", f"{PEER} (sentence-transformers, "
+                      "dev/ance_train_dev/peer_sentence_transformers.py): "
                   + "; ".join(f"seed {r['seed']}: mining {r['peer']['mining_seconds'] / 60:.1f} "
                               f"min, training {r['peer']['training_seconds'] / 60:.1f} min, "
                               f"checkpoint evaluations {r['peer']['evaluation_seconds'] / 60:.1f}"
@@ -608,7 +612,3 @@ def main(argv: list[str] | None = None) -> int:
     }
     save(report, args.out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -42,11 +42,17 @@ from ance_train.modeling.model import load_tokenizer
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished, NegativesReady, ShardEncoded
 
-from report import DEFAULT_MODEL, command_line, machine, model_directory, utc_now, write_report
+from ance_train_dev.helpers import make_scifact_subset, write_config
+from ance_train_dev.report import (
+    DEFAULT_MODEL,
+    command_line,
+    machine,
+    model_directory,
+    utc_now,
+    write_report,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from helpers import make_scifact_subset, write_config  # noqa: E402  (the tests' SciFact slice)
+REPO = Path(__file__).resolve().parents[2]
 
 PARTS = ("load", "encode", "upload", "idle", "index", "mine", "eval", "other")
 
@@ -261,7 +267,3 @@ def main(argv: list[str] | None = None) -> int:
     write_report(args.out, "refresh_scaling", report,
                  render(report) + f"\n![refresh period]({image})\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,7 +29,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -37,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from report import Section, command_line, machine, utc_now, write_report
+from ance_train_dev.report import Section, command_line, machine, utc_now, write_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECTION = Section("search-load", "bench/search_load.py")
 
 
@@ -352,7 +351,3 @@ def _query_texts(data: Path) -> list[str]:
     if not texts:
         raise SystemExit(f"{data / 'queries.jsonl'}: no queries")
     return texts
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -123,7 +123,7 @@ def moto_server(start_timeout: float = 20.0) -> Iterator[dict[str, str]]:
             _stop(proc)
 
 
-REDIS_TLS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "redis-tls"
+REDIS_TLS_DIR = Path(__file__).resolve().parents[2] / ".cache" / "redis-tls"
 
 
 def redis_tls_server() -> tuple[str, dict[str, str]]:

@@ -25,20 +25,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
-from peer_sentence_transformers import index_similarity as peer_index_similarity
-from quality import ALL_METHODS, PEER, bm25_runs, display_name
 from scipy import stats
-from stored_run import find_run_dir, load_checkpoint
 
 from ance_train.evaluation import evaluate_per_query
 
-from report import command_line, machine, utc_now, write_report
+from ance_train_dev.peer_sentence_transformers import index_similarity as peer_index_similarity
+from ance_train_dev.quality import ALL_METHODS, PEER, bm25_runs, display_name
+from ance_train_dev.report import command_line, machine, utc_now, write_report
+from ance_train_dev.stored_run import find_run_dir, load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ANCE_FAMILY = ["ance", "simans", "ance-tele", "dance"]
 BASELINES = [m for m in ALL_METHODS if m not in ANCE_FAMILY]
 ZERO_SHOT, BM25 = "zero-shot", "BM25"
@@ -204,7 +203,3 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_report(args.out, name, result, render_markdown(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

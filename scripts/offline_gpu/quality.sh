@@ -8,7 +8,7 @@ set -u
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
 OUT=${OUT:-/tmp/offline-out}; mkdir -p "$OUT"
 [ -d /tmp/site ] && [ -d /tmp/data/scifact ] || { echo "smoke.sh's /tmp/site is gone: run it first"; exit 3; }
-export PYTHONPATH=/tmp/site:$PWD/src
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/dev
 python3 - <<'PY' || exit 1
 import shutil
 import torch

@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/offline-out}; mkdir -p "$OUT"
 t0=$(date +%s); stamp() { echo "[smoke +$(( $(date +%s) - t0 )) s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/dev
 mkdir -p /tmp/data && tar -xJf .offline/a/data.tar.xz -C /tmp/data || exit 1
 stamp installed
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
