@@ -7,9 +7,11 @@ bash scripts/setup.sh dev,k8s
 bash scripts/containers/install_engine.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-ruff check src services tests bench scripts
+ruff check src services tests bench scripts dev
 # The layers of docs/architecture.md (pyproject.toml [tool.importlinter]).
 lint-imports --no-cache
+# Type checks of src/ance_train (pyproject.toml [tool.mypy]: the files, plugins, overrides).
+mypy
 # Two workers (pytest-xdist; tests/conftest.py says how the tests are shared out): most of the
 # end-to-end tests' time is services starting and waiting on one another, so on two cores two
 # runs overlap well. Later arguments win: `bash scripts/test.sh -n 0` runs in one process.

@@ -8,7 +8,7 @@ import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, get_args
+from typing import TYPE_CHECKING, Annotated, cast, get_args
 
 import typer
 from rich.console import Console
@@ -18,6 +18,8 @@ from rich.table import Table
 from ance_train.config import IndexConfig, InferenceConfig, IvfConfig
 
 if TYPE_CHECKING:  # the CLI imports the heavy modules lazily, per command
+    from pydantic import BaseModel
+
     from ance_train.data.dataset import DatasetIndex
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -391,18 +393,28 @@ def search(
             console.print(f"  {rank:>3}. {hit['doc_id']}  {hit['score']:.4f}")
 
 
-def _choices(name: str, model: type, field: str) -> type[StrEnum]:
+def _choices(name: str, model: type[BaseModel], field: str) -> type[StrEnum]:
     """A CLI choice type with the values of a config field's Literal (defined once there)."""
-    return StrEnum(name, {value: value for value in get_args(model.model_fields[field].annotation)})
+    # The cast: StrEnum's functional API makes a subclass (mypy reads the call as a member).
+    values = get_args(model.model_fields[field].annotation)
+    return cast("type[StrEnum]", StrEnum(name, {value: value for value in values}))
 
 
-IndexType = _choices("IndexType", IndexConfig, "type")
-IvfQuantizer = _choices("IvfQuantizer", IvfConfig, "quantizer")
-EmbeddingDtype = _choices("EmbeddingDtype", InferenceConfig, "embedding_dtype")
-# inference.precision's values but auto, which the plan resolves as the inferencer would.
-PlanPrecision = StrEnum("PlanPrecision", {
-    value: value for value in get_args(InferenceConfig.model_fields["precision"].annotation)
-    if value != "auto"})
+if TYPE_CHECKING:
+    # Their members come from the config's Literals at run time, unknown to mypy: to it they
+    # are StrEnum itself.
+    IndexType = StrEnum
+    IvfQuantizer = StrEnum
+    EmbeddingDtype = StrEnum
+    PlanPrecision = StrEnum
+else:
+    IndexType = _choices("IndexType", IndexConfig, "type")
+    IvfQuantizer = _choices("IvfQuantizer", IvfConfig, "quantizer")
+    EmbeddingDtype = _choices("EmbeddingDtype", InferenceConfig, "embedding_dtype")
+    # inference.precision's values but auto, which the plan resolves as the inferencer would.
+    PlanPrecision = StrEnum("PlanPrecision", {
+        value: value for value in get_args(InferenceConfig.model_fields["precision"].annotation)
+        if value != "auto"})
 
 
 def _planned_precision(config: InferenceConfig | None) -> str:
@@ -452,7 +464,9 @@ def plan(
         min=1, help="Indexer partitions (default: the config's index.partitions, else 1).")
     ] = None,
     embedding_dtype: Annotated[EmbeddingDtype, typer.Option(
-        help="Stored embedding values (inference.embedding_dtype).")] = EmbeddingDtype.float16,
+        # ignore: a member made at run time (mypy sees StrEnum, see EmbeddingDtype)
+        help="Stored embedding values (inference.embedding_dtype).")
+    ] = EmbeddingDtype.float16,  # type: ignore[attr-defined]
     indexer_cpus: Annotated[int | None, typer.Option(
         min=1, help="Cores per indexer pod (default: those the index rates were measured "
                     "on); rates scale linearly.")] = None,
@@ -552,6 +566,7 @@ def export(
     from ance_train.modeling.export import ExportError, export_checkpoint, push_export
 
     cfg = None
+    local_root: str | None
     if Path(run).is_file():
         cfg = _load(Path(run))
         run_id, local_root = cfg.run_id, store_dir or str(Path(cfg.output_dir) / cfg.run_id

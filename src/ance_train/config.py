@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import yaml
 from pydantic import (
@@ -600,18 +600,21 @@ class NegativesConfig(BaseModel):
         """The registered strategy ``name``, bound to this configuration."""
         return _registry().STRATEGIES[name](self)
 
+    # The casts: ``pool`` and ``sampling`` are validated as names registered for that role
+    # (``_registered``), and ``names(role)`` lists only that role's classes, which subclass
+    # the role's base (``registry``); the registry's dict holds them as NegativeStrategy.
     @property
     def pool_strategy(self) -> PoolStrategy:
-        return self.strategy(self.pool)
+        return cast("PoolStrategy", self.strategy(self.pool))
 
     @property
     def sampling_strategy(self) -> SamplingStrategy:
-        return self.strategy(self.sampling)
+        return cast("SamplingStrategy", self.strategy(self.sampling))
 
     @property
     def loss_strategies(self) -> list[LossStrategy]:
         """Every registered loss strategy (each says whether it is ``enabled``)."""
-        return [self.strategy(name) for name in _registry().names("loss")]
+        return [cast("LossStrategy", self.strategy(name)) for name in _registry().names("loss")]
 
     @property
     def mines_ann(self) -> bool:
@@ -754,6 +757,10 @@ class SearchLimits(_Strict):
                     "on a request it has given up (DEADLINE_EXCEEDED / CANCELLED).")
 
 
+def _both_eval_splits() -> list[Literal["dev", "test"]]:
+    return ["dev", "test"]
+
+
 class IndexConfig(_Strict):
     """Indexer: ANN search, negative mining and evaluation.
 
@@ -765,7 +772,7 @@ class IndexConfig(_Strict):
     """
 
     eval_depth: int = Field(1000, ge=10)
-    eval_splits: list[Literal["dev", "test"]] = Field(default_factory=lambda: ["dev", "test"])
+    eval_splits: list[Literal["dev", "test"]] = Field(default_factory=_both_eval_splits)
     search_batch_size: int = Field(
         1024, ge=1, description="Queries per FAISS search call: memory is batch × k, never "
                                 "queries × corpus.")
@@ -869,6 +876,10 @@ class ServicesConfig(_Strict):
 TRACKER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
 
 
+def _default_trackers() -> list[Literal["tensorboard", "wandb", "mlflow"]]:
+    return ["tensorboard"]
+
+
 class TrackingConfig(_Strict):
     """Run tracking, like the Hugging Face Trainer's ``report_to``.
 
@@ -881,7 +892,7 @@ class TrackingConfig(_Strict):
     """
 
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
-        default_factory=lambda: ["tensorboard"],
+        default_factory=_default_trackers,
         description="Where scalars go; [] turns tracking off.")
     logdir: str | None = Field(
         None, description="Write TensorBoard files under <logdir>/<role> (no store upload).")

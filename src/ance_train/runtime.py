@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import grpc
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_exponential
@@ -176,6 +176,13 @@ def ranks_restart_on_failure() -> bool:
 STOPPED_EARLY = 143
 
 
+class ServerLimits(TypedDict, total=False):
+    """:class:`GrpcServer`'s limits a service may set (the indexer's, from ``index.search``)."""
+
+    max_message_bytes: int
+    max_concurrent_rpcs: int | None
+
+
 @dataclass
 class ServiceContext:
     """Everything a service needs: a plain object, so a test about a loop's logic can build
@@ -212,7 +219,7 @@ class ServiceContext:
         signal.signal(signal.SIGINT, _stop)
 
     def start_server(self, add_servicers: Callable[[grpc.Server], None] | None = None,
-                     **limits: int) -> None:
+                     **limits: Unpack[ServerLimits]) -> None:
         """``limits``: :class:`GrpcServer`'s ``max_message_bytes`` / ``max_concurrent_rpcs``."""
         self.server = GrpcServer(self.state, self.options.grpc_port, self.options.grpc_host,
                                  add_servicers, **limits).start()
@@ -247,7 +254,7 @@ class ServiceContext:
 
     def serve(self, main: Callable[[], object],
               add_servicers: Callable[[grpc.Server], None] | None = None,
-              finishes: bool = False, **limits: int) -> int:
+              finishes: bool = False, **limits: Unpack[ServerLimits]) -> int:
         """Run a service: signals, gRPC server, then ``main`` until it returns or is stopped.
 
         ``finishes``: the role ends by itself (the trainer, a Kubernetes Job). In the cluster

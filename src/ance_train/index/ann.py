@@ -111,22 +111,25 @@ def _new_index(config: IndexConfig, dim: int, nlist: int) -> faiss.Index:
     if config.type == "flat":
         return faiss.IndexFlatIP(dim)
     if config.type == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, config.hnsw.m, ip)
-        index.hnsw.efConstruction = config.hnsw.ef_construction
-        return index
+        graph = faiss.IndexHNSWFlat(dim, config.hnsw.m, ip)
+        graph.hnsw.efConstruction = config.hnsw.ef_construction
+        return graph
+    quantizer: faiss.Index
     if config.ivf.quantizer == "hnsw":
-        quantizer = faiss.IndexHNSWFlat(dim, HNSW_QUANTIZER_M, ip)
-        quantizer.hnsw.efSearch = config.ivf.quantizer_ef_search
+        quantizer = graph = faiss.IndexHNSWFlat(dim, HNSW_QUANTIZER_M, ip)
+        graph.hnsw.efSearch = config.ivf.quantizer_ef_search
     else:
         quantizer = faiss.IndexFlatIP(dim)
+    index: faiss.IndexIVF
     if config.type == "ivf":
         index = faiss.IndexIVFFlat(quantizer, dim, nlist, ip)
     else:
         index = faiss.IndexIVFPQ(quantizer, dim, nlist, pq_m(config, dim), config.pq.nbits, ip)
     if config.ivf.quantizer == "hnsw":
         # k-means on a flat index, then the centroids are added to the graph (what FAISS's
-        # index_factory sets up for "IVF<n>_HNSW<m>").
-        index.quantizer_trains_alone = 2
+        # index_factory sets up for "IVF<n>_HNSW<m>"). ignore: FAISS's stub types this C++
+        # char as str; SWIG takes the number.
+        index.quantizer_trains_alone = 2  # type: ignore[assignment]
     return index  # the FAISS Python wrapper keeps ``quantizer`` alive with the index
 
 
@@ -357,7 +360,9 @@ class AnnIndex:
         assert self._search_index is not None
         params = None
         if self.config.type == "hnsw":  # per call: concurrent searches may differ in k
-            params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw.ef_search, depth))
+            # ignore: FAISS's stub (1.15) lacks SearchParametersHNSW, which the module has.
+            params = faiss.SearchParametersHNSW(  # type: ignore[attr-defined]
+                efSearch=max(self.config.hnsw.ef_search, depth))
         scores, rows = self._search_index.search(chunk, depth, params=params)
         return np.where(rows >= 0, self._row_to_doc[np.maximum(rows, 0)], -1), scores
 

@@ -167,7 +167,7 @@ def index_work_parts(config: IndexConfig, phase: str, num_vectors: int, dim: int
     parts: dict[str, float] = {}
     if phase == "build":
         train = ivf_train_size(config, n)
-        work = KMEANS_ITERS_IVF * train * nlist * d
+        work: float = KMEANS_ITERS_IVF * train * nlist * d
         if kind == "ivfpq":
             ksub = 2 ** config.pq.nbits
             pq_train = min(train, PQ_MAX_TRAIN_PER_CENTROID * ksub)

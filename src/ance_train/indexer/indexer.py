@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -67,6 +68,10 @@ from ance_train.protocol.supersession import Superseded, next_to_build, supersed
 from ance_train.protocol.tables import TableId, TableKind
 from ance_train.protocol.work import ZERO_SHOT_STEP, RefreshPlan, ShardKind
 from ance_train.runtime import ServiceContext
+
+if TYPE_CHECKING:
+    from ance_train.negatives.strategies.base import VectorIndex
+    from ance_train.negatives.strategies.dance import DanceLoss
 
 
 class QueryVectors:
@@ -125,7 +130,8 @@ class Indexer:
         cfg = ctx.config
         self.miner = Miner(cfg.negatives, cfg.model.temperature, ctx.dataset, self.train_ids,
                            cfg.training.seed)
-        self.dance = cfg.negatives.strategy("dance")  # DANCE's negative queries (when on)
+        # DANCE's negative queries (when on); the cast: the registry's "dance" is DanceLoss.
+        self.dance = cast("DanceLoss", cfg.negatives.strategy("dance"))
         self.diagnostics = Diagnostics(self.train_ids, positives_of(ctx.dataset, self.train_ids),
                                        cfg.training.seed)
         self.previous: NegativesTable | None = None
@@ -298,6 +304,7 @@ class Indexer:
         ctx.state.update(state="idle", phase="waiting for shards",  # Status: -1 = no index
                          index_step=-1 if self.last_built is None else self.last_built)
         if self.partitions > 1:
+            assert self.search.directory is not None  # made when partitions > 1
             self.search.directory.start(ctx)  # where Search fans out to
         added = False  # a shard was just added while encoding: read events without waiting
         while not ctx.stop.is_set():
@@ -428,8 +435,10 @@ class Indexer:
         if not ctx.store.exists(key):
             ctx.state.update(state="running", phase="BM25 negatives")
             started = time.monotonic()
+            # ignore: the ``bm25`` section is a pydantic extra of NegativesConfig (as in
+            # strategies/dance.py), which mypy cannot see.
             table = bm25_negatives(ctx.corpus, ctx.dataset, self.train_ids,
-                                   ctx.config.negatives.bm25.top_k)
+                                   ctx.config.negatives.bm25.top_k)  # type: ignore[attr-defined]
             store_table(ctx.store, key, table, ctx.work_dir)
             if self.previous is None:  # what the trainer uses until the first ANN refresh
                 self.previous = table
@@ -743,7 +752,10 @@ class Indexer:
                                     cancel, cfg.index.search_batch_size)
             store_table(ctx.store, TableId.ann(step).key, table, ctx.work_dir)
         if self.dance.enabled:
-            dual = self.dance.mine(step, ctx.dataset, self.train_ids, index, train_queries)
+            # The cast: DANCE with MaxP is rejected by the configuration (_check_passages), so
+            # the index holds one vector per document here (an AnnIndex or a MergedIndex).
+            dual = self.dance.mine(step, ctx.dataset, self.train_ids,
+                                   cast("VectorIndex", index), train_queries)
             store_table(ctx.store, TableId.dual(step).key, dual, ctx.work_dir)
         diagnostics = self.diagnostics.compute(ranked, self.previous, table)
         return table, dual, diagnostics

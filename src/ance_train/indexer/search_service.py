@@ -28,7 +28,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import grpc
 import numpy as np
@@ -94,7 +94,9 @@ class PartitionDirectory:
         threading.Thread(target=beat, name="partition-address", daemon=True).start()
 
     def address(self, partition: int) -> str | None:
-        return self.bus.client.get(self.bus.key(keys.index_partition_address(partition)))
+        # The cast: the bus's client decodes replies to str (infra.bus.connect).
+        key = self.bus.key(keys.index_partition_address(partition))
+        return cast("str | None", self.bus.client.get(key))
 
     def stub(self, address: str) -> ance_pb2_grpc.RetrievalStub:
         with self._lock:
@@ -203,7 +205,9 @@ class SearchService(ance_pb2_grpc.RetrievalServicer):
             k=k, embeddings=[ance_pb2.Embedding(values=row) for row in vectors.tolist()])
 
         def call(partition: int) -> ance_pb2.SearchReply:
-            stub = directory.stub(addresses[partition])
+            address = addresses[partition]
+            assert address is not None  # a missing one aborted the call above
+            stub = directory.stub(address)
             remaining = context.time_remaining()  # the client's deadline bounds the fan-out
             timeout = FAN_OUT_TIMEOUT_S if remaining is None else min(FAN_OUT_TIMEOUT_S,
                                                                       max(remaining, 0.001))

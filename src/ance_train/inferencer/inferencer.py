@@ -48,6 +48,7 @@ from ance_train.modeling.encoding import (
     resolve_precision,
     tokenize_texts,
 )
+from ance_train.modeling.model import TextKind
 from ance_train.modeling.passages import PassageSplitter
 from ance_train.observability.telemetry import InferencerTelemetry
 from ance_train.protocol.events import ShardFailed
@@ -195,6 +196,7 @@ class Inferencer:
             known = self.models.step
             model, tokenizer = self.models.get(item.step)
             loaded, loaded_at = time.monotonic(), time.time()
+            kind: TextKind
             if item.kind is ShardKind.CORPUS:
                 max_length, kind = self.doc_length, "document"
             else:
@@ -207,9 +209,11 @@ class Inferencer:
                 cached = rows is not None
                 if rows is None:
                     rows = self._rows(item, tokenizer, prompt)
+                    assert rows.texts is not None  # ``_rows`` reads them
                     rows.token_ids = tokenize_texts(tokenizer, rows.texts, max_length, prompt)
                     self.tokens.put(key, rows)
                 tokenized, tokenized_at = time.monotonic(), time.time()
+                assert rows.token_ids is not None  # set before the rows were cached
                 vectors = encode_ids(model, rows.token_ids, pad_token_id(tokenizer),
                                      batch_size=cfg.inference.batch_size, device=self.device,
                                      max_tokens_per_batch=self.max_tokens_per_batch,
@@ -217,6 +221,7 @@ class Inferencer:
             else:  # tokenised on a background thread while the model runs, every refresh
                 cached, tokenized, tokenized_at = False, loaded, loaded_at
                 rows = self._rows(item, tokenizer, prompt)
+                assert rows.texts is not None  # ``_rows`` reads them
                 vectors = encode_texts(model, tokenizer, rows.texts,
                                        max_length=max_length, kind=kind,
                                        batch_size=cfg.inference.batch_size, device=self.device,

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 # consumer loop backs off and goes on; whatever it had not acknowledged is delivered again.
 # Consumer loops catch these and nothing else: any other error stops the service.
 REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+
+# Stream entries as this package's clients return them. The casts to it (and to ``str``):
+# every client is made by :func:`connect`, with ``decode_responses=True``, so replies are str
+# where redis-py's hints say ``bytes | str`` (and a stream range is a list, never None).
+_Entries = list[tuple[str, dict[str, str]]]
 
 # Atomically raise the "refresh under way" marker; returns the marker after the update.
 _RAISE_MAX = """
@@ -135,7 +140,7 @@ class EventBus:
     def publish(self, event: Event) -> str:
         """Add ``event`` (stamped with this run's id) to its stream; returns the entry id."""
         stamped = event.model_copy(update={"run_id": self.run_id})
-        return self.client.xadd(self.stream(type(event)), {"data": stamped.encode()})
+        return cast(str, self.client.xadd(self.stream(type(event)), {"data": stamped.encode()}))
 
     def ensure_group(self, event_type: type[Message], group: str, start: str = "0") -> None:
         """Create the consumer group (from the start of the stream) if it does not exist."""
@@ -178,12 +183,13 @@ class EventBus:
 
     def history(self, event_type: type[E]) -> Iterator[Received[E]]:
         """Every valid entry of the stream, oldest first (restart recovery, observers)."""
-        yield from self._valid(event_type, self.client.xrange(self.stream(event_type)))
+        yield from self._valid(event_type,
+                               cast(_Entries, self.client.xrange(self.stream(event_type))))
 
     def last_entry_id(self, event_type: type[Event]) -> str:
         """The id of the newest entry of the stream (``0`` if empty): a cursor for
         :meth:`read_all` that skips the history."""
-        newest = self.client.xrevrange(self.stream(event_type), count=1)
+        newest = cast(_Entries, self.client.xrevrange(self.stream(event_type), count=1))
         return newest[0][0] if newest else "0"
 
     def _valid(self, event_type: type[E], entries: Iterable[tuple[str, dict]]
@@ -217,7 +223,8 @@ class EventBus:
 
     def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter(entry_id, f["stream"], f["entry_id"], f["error"], f["data"])
-                for entry_id, f in self.client.xrange(self.key(keys.DEAD_LETTER_STREAM))]
+                for entry_id, f in cast(_Entries,
+                                        self.client.xrange(self.key(keys.DEAD_LETTER_STREAM)))]
 
     # Supersession (the rule: protocol/supersession.py): the latest published checkpoint,
     # which the trainer sets, and the refresh under way, which inferencers raise.

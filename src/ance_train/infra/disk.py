@@ -13,7 +13,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class DiskUsage(NamedTuple):
@@ -22,7 +22,15 @@ class DiskUsage(NamedTuple):
     free: int
 
 
-DiskUsageFn = Callable[[str], DiskUsage]
+class _FreeBytes(Protocol):
+    """What a ``disk_usage`` function returns, as far as it is read here: :class:`DiskUsage`
+    or :func:`shutil.disk_usage`'s own named tuple."""
+
+    @property
+    def free(self) -> int: ...
+
+
+DiskUsageFn = Callable[[str], _FreeBytes]
 
 
 class InsufficientDisk(OSError):

@@ -11,10 +11,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from ance_train.protocol import keys
-from ance_train.protocol.events import EvalCompleted, NegativesReady, RunFinished, TablesInUse
+from ance_train.protocol.events import (
+    EvalCompleted,
+    Event,
+    NegativesReady,
+    RunFinished,
+    TablesInUse,
+)
 from ance_train.protocol.retention import (
     MANIFEST,
     UNKNOWN,
@@ -28,6 +34,8 @@ if TYPE_CHECKING:
     from ance_train.infra.store import ObjectStore
 
 log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
 
 
 @dataclass
@@ -53,8 +61,10 @@ def delete_refreshes(store: ObjectStore, built: Iterable[int], keep: int | None,
     for key in doomed:
         store.delete(key)
     if doomed:
+        # The cast: refresh_keys_to_delete returns per-refresh keys only (their step is set).
+        steps = cast("set[int]", {keys.refresh_step(k) for k in doomed})
         log.info("retention: deleted %d objects of refreshes %s (%d bytes)", len(doomed),
-                 sorted({keys.refresh_step(k) for k in doomed}), sum(sizes[k] for k in doomed))
+                 sorted(steps), sum(sizes[k] for k in doomed))
     return Sweep(doomed, sum(sizes[k] for k in doomed))
 
 
@@ -101,8 +111,8 @@ class RunRetention:
         self.finished = False
         self._cursors: dict[type, str] = {}
 
-    def _read(self, event_type: type) -> list:
-        out = []
+    def _read(self, event_type: type[E]) -> list[E]:
+        out: list[E] = []
         while True:
             batch = self.bus.read_all(event_type, after=self._cursors.get(event_type, "0"),
                                       count=500)

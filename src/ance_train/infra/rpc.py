@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -40,7 +40,7 @@ class ServiceState:
     metrics: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def update(self, **changes: object) -> None:
+    def update(self, **changes: Any) -> None:
         with self.lock:
             metrics = changes.pop("metrics", None)
             for name, value in changes.items():

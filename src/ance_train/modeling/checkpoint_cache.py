@@ -127,6 +127,8 @@ class ModelCache:
             with torch.no_grad():
                 self.model.encoder.load_state_dict(states[ENCODER_WEIGHTS], strict=True)
                 if head:
+                    # the resident model has a head iff the checkpoint has (checked above)
+                    assert self.model.projection is not None
                     self.model.projection.load_state_dict(states[HEAD_WEIGHTS], strict=True)
         except RuntimeError:  # keys or shapes that do not fit: a full load sorts it out
             self.model = self.tokenizer = None  # partly overwritten: never used again

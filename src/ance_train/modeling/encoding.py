@@ -81,7 +81,7 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_precision(precision: Precision, device: torch.device | str) -> str:
+def resolve_precision(precision: Precision, device: torch.device | str) -> Precision:
     """``auto`` → bf16 where the hardware computes it natively (CUDA with bf16 support, CPUs
     with AVX512-BF16 / AMX), else fp32; an explicit choice is checked against the device."""
     device = torch.device(device)

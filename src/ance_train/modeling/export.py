@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import yaml
 
@@ -31,6 +32,10 @@ from ance_train.infra.store import MANIFEST_NAME, ObjectNotFound, ObjectStore
 from ance_train.modeling.model import META_FILE
 from ance_train.protocol import keys
 from ance_train.protocol.retention import BEST_MEASURE, BEST_SPLIT
+
+if TYPE_CHECKING:
+    from ance_train.config import NegativesConfig
+    from ance_train.negatives.strategies.dance import DanceLoss
 
 CONFIG_FILE = "ance_train_config.yaml"
 EVAL_FILE = "eval_results.json"
@@ -228,6 +233,11 @@ def dataset_name(config: RunConfig | None) -> str | None:
     return f"BeIR/{name}" if name.lower() in BEIR_DATASETS else name
 
 
+def _dance(neg: NegativesConfig) -> DanceLoss:
+    # The cast: the strategy registered as "dance" is DanceLoss.
+    return cast("DanceLoss", neg.strategy("dance"))
+
+
 def papers(config: RunConfig | None) -> list[Paper]:
     if config is None:
         return []
@@ -235,7 +245,7 @@ def papers(config: RunConfig | None) -> list[Paper]:
     found = [POOL_PAPERS.get(neg.pool, ANCE)]
     if neg.sampling == "simans":
         found.append(SIMANS)
-    if neg.strategy("dance").enabled:
+    if _dance(neg).enabled:
         found.append(DANCE)
     if neg.warmup != "none" and DPR not in found:
         found.append(DPR)
@@ -248,8 +258,8 @@ def method(config: RunConfig) -> str:
              f"query (top {neg.top_k})"]
     if neg.warmup != "none":
         parts.append(f"warm-up on `{neg.warmup}` negatives")
-    if neg.strategy("dance").enabled:
-        parts.append(f"DANCE dual loss λ = {neg.strategy('dance').weight}")
+    if _dance(neg).enabled:
+        parts.append(f"DANCE dual loss λ = {_dance(neg).weight}")
     parts.append("in-batch negatives" if train.in_batch_negatives else "no in-batch negatives")
     return "; ".join(parts)
 

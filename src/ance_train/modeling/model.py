@@ -29,7 +29,7 @@ import inspect
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -52,6 +52,9 @@ from ance_train.modeling.files import (  # noqa: F401 - re-exported
 )
 from ance_train.modeling.files import require_safetensors as _require_safetensors
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 HEAD_FILE = "ance_head.safetensors"
 META_FILE = "ance_model.json"
 ST_CONFIG_FILE = "config_sentence_transformers.json"
@@ -63,7 +66,7 @@ class BiEncoder(nn.Module):
 
     def __init__(
         self,
-        encoder: nn.Module,
+        encoder: PreTrainedModel,
         pooling: str = "mean",
         projection_dim: int | None = None,
         similarity: str = "dot",

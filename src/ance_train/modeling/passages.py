@@ -75,7 +75,7 @@ class PassageSplitter:
                 result.append([(0, len(text))])
                 continue
             words = encoded.word_ids(number)
-            spans = []
+            spans: list[tuple[int, int]] = []
             start = 0
             while len(spans) < self.max_passages:
                 stop = min(start + self.window, count)

@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ance_train.data.dataset import DatasetIndex
-from ance_train.index.ann import AnnIndex
 from ance_train.index.passages import PassageIndex
 from ance_train.negatives.rows import Positives, row_blocks, rowwise_lookup
-from ance_train.negatives.strategies.base import AnnRefresh
+from ance_train.negatives.strategies.base import AnnRefresh, MiningIndex
 from ance_train.negatives.table import PAD, NegativesTable, remove_positives, source_codes
 
 if TYPE_CHECKING:
@@ -137,13 +136,14 @@ class Miner:
                       positive_scores: np.ndarray) -> np.ndarray:
         return self.sampling.probabilities(candidates, scores, positive_scores)
 
-    def scores(self, index: AnnIndex, queries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    def scores(self, index: MiningIndex, queries: np.ndarray, candidates: np.ndarray
+               ) -> np.ndarray:
         """``s(q, d) = sim / temperature`` for each candidate (0 on padding)."""
         safe = np.where(candidates != PAD, candidates, 0)
         sims = index.scores(queries, safe)  # a block of rows at a time, never Q × K × dim
         return np.where(candidates != PAD, sims / self.temperature, 0.0).astype(np.float32)
 
-    def mine(self, step: int, index: AnnIndex, queries: np.ndarray, ranked: np.ndarray,
+    def mine(self, step: int, index: MiningIndex, queries: np.ndarray, ranked: np.ndarray,
              sims: np.ndarray, previous: NegativesTable | None,
              cancel: Callable[[], None] | None = None,
              search_batch: int = 1024) -> NegativesTable:

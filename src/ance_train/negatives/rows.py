@@ -12,8 +12,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 PAD = -1
 # Bytes of one block's int64 [rows, width] matrix. Small enough for the allocator to reuse
@@ -162,7 +164,7 @@ def rowwise_isin(values: np.ndarray, members: np.ndarray) -> np.ndarray:
     return rowwise_lookup(values, members) >= 0
 
 
-def compact_rows(mask: np.ndarray, keep: int, *columns: tuple[np.ndarray, object, object]
+def compact_rows(mask: np.ndarray, keep: int, *columns: tuple[np.ndarray, Any, npt.DTypeLike]
                  ) -> list[np.ndarray]:
     """Each row's cells where ``mask`` holds moved to the front in their order, the first
     ``keep`` kept: ``columns`` = (array, fill of the rest, output dtype)."""

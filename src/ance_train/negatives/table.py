@@ -152,7 +152,7 @@ class NegativesTable:
         hit = np.flatnonzero(self.candidates[row] == doc)
         return int(self.passages[row, hit[0]]) if len(hit) else 0
 
-    def _members(self) -> dict[str, np.ndarray]:
+    def _members(self) -> dict[str, np.ndarray | np.int64 | None]:
         extra = ({} if self.candidate_query_ids is None
                  else {"candidate_query_ids": np.asarray(self.candidate_query_ids).astype(str)})
         for name in ("passages", "positive_docs", "positive_passages"):
@@ -165,13 +165,15 @@ class NegativesTable:
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
-        np.savez(buffer, **self._members())  # uncompressed members: see ``open``
+        # uncompressed members: see ``open``. ignore: numpy's stub matches **members against
+        # savez's `allow_pickle: bool` too (and it takes the None of an unset member as well).
+        np.savez(buffer, **self._members())  # type: ignore[arg-type]
         return buffer.getvalue()
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """:meth:`to_bytes` into a local file, without the copy in memory."""
         with open(path, "wb") as f:
-            np.savez(f, **self._members())
+            np.savez(f, **self._members())  # type: ignore[arg-type]  # as in to_bytes
 
     @classmethod
     def _from_arrays(cls, arrays: dict[str, np.ndarray] | np.lib.npyio.NpzFile

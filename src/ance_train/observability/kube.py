@@ -201,6 +201,12 @@ class RunReporter:
     def enabled(self) -> bool:
         return self.settings is not None
 
+    @property
+    def _sending(self) -> KubeSettings:
+        """The settings, on the paths only an enabled reporter takes (its sending thread)."""
+        assert self.settings is not None
+        return self.settings
+
     @classmethod
     def from_env(cls, role: str, instance: str) -> RunReporter:
         return cls(KubeSettings.from_env(), role, instance)
@@ -260,13 +266,13 @@ class RunReporter:
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.warning("AnceRun %s: gave up sending %d status field(s) and %d event(s) "
-                        "at shutdown", self.settings.name, len(self._status), len(self._events))
+                        "at shutdown", self._sending.name, len(self._status), len(self._events))
         self._thread = None
 
     # -- the sending thread ------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            api = _AnceRunApi(self.settings, self.role, self.instance)
+            api = _AnceRunApi(self._sending, self.role, self.instance)
         except Exception as error:  # e.g. no service account token: report, never crash
             log.error("AnceRun reporting disabled: %s", redact(_describe(error)))
             return
@@ -309,7 +315,7 @@ class RunReporter:
             return
         if self._failures:
             log.info("AnceRun %s: reporting works again after %d failed attempt(s)",
-                     self.settings.name, self._failures)
+                     self._sending.name, self._failures)
         self._failures = 0
 
     def _unless_refused(self, send, body: dict[str, Any]) -> None:
@@ -319,14 +325,14 @@ class RunReporter:
         except Exception as error:
             if not _refused(error):
                 raise
-            log.error("AnceRun %s: the API server refused %s (%s); dropped", self.settings.name,
+            log.error("AnceRun %s: the API server refused %s (%s); dropped", self._sending.name,
                       redact(str(body))[:MAX_MESSAGE_CHARS], redact(_describe(error)))
 
     def _drop_oldest_events(self) -> None:
         dropped = len(self._events) - MAX_QUEUED_EVENTS
         if dropped > 0:
             del self._events[:dropped]
-            log.warning("AnceRun %s: dropped %d unsent event(s)", self.settings.name, dropped)
+            log.warning("AnceRun %s: dropped %d unsent event(s)", self._sending.name, dropped)
 
     def _log_failure(self, error: BaseException) -> None:
         now = time.monotonic()
@@ -334,7 +340,7 @@ class RunReporter:
             self._suppressed += 1
             return
         more = f" ({self._suppressed} similar failure(s) not logged)" if self._suppressed else ""
-        log.warning("cannot report to AnceRun %s/%s, will retry: %s%s", self.settings.namespace,
-                    self.settings.name, redact(_describe(error)), more)
+        log.warning("cannot report to AnceRun %s/%s, will retry: %s%s", self._sending.namespace,
+                    self._sending.name, redact(_describe(error)), more)
         self._last_error_log = now
         self._suppressed = 0

@@ -7,6 +7,7 @@ and the reporter only queues, so nothing here slows a training step or a refresh
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ance_train.observability import metrics
 from ance_train.observability.kube import RunReporter
@@ -30,7 +31,7 @@ class TrainerTelemetry:
     def step(self, step: int, loss: float, negatives_step: int | None, gap: int | None) -> None:
         metrics.TRAINER_STEP.set(step)
         metrics.TRAINER_LOSS.set(loss)
-        fields: dict[str, object] = {"phase": "Training", "message": "training", "step": step,
+        fields: dict[str, Any] = {"phase": "Training", "message": "training", "step": step,
                                      "totalSteps": self.total_steps, "loss": round(loss, 6)}
         if negatives_step is not None:
             metrics.TRAINER_NEGATIVES_STEP.set(negatives_step)
@@ -66,13 +67,13 @@ class IndexerTelemetry:
                   evaluation: Mapping[str, Mapping[str, float]]) -> None:
         """Index of ``step`` built, negatives ready and evaluated."""
         metrics.INDEX_STEP.set(step)
-        fields: dict[str, object] = {"indexStep": step}
+        fields: dict[str, Any] = {"indexStep": step}
         if refresh_seconds is not None:
             metrics.REFRESH_LATENCY.observe(refresh_seconds)
             fields["refreshPeriodSeconds"] = round(refresh_seconds, 3)
-        for split, values in evaluation.items():
+        for name, values in evaluation.items():
             for measure, value in values.items():
-                metrics.EVAL_METRIC.labels(split, measure).set(value)
+                metrics.EVAL_METRIC.labels(name, measure).set(value)
         split = PREFERRED_EVAL_SPLIT if PREFERRED_EVAL_SPLIT in evaluation else next(
             iter(evaluation), None)
         if split is not None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ance_train.protocol.events import CheckpointPublished, IndexerTimes, ShardEncoded
 
@@ -102,8 +102,8 @@ def refresh_timeline(published: CheckpointPublished, shards: Iterable[ShardEncod
     its ``checkpoint.published``, the ``shard.encoded`` of every shard of its plan and the
     indexer's times. Raises ValueError when a part of it was not recorded."""
     p = published
-    if None in (p.save_started_at, p.saved_at, p.upload_started_at, p.uploaded_at,
-                p.published_at):
+    if (p.save_started_at is None or p.saved_at is None or p.upload_started_at is None
+            or p.uploaded_at is None or p.published_at is None):
         raise ValueError(f"checkpoint {p.step}: its checkpoint.published has no timeline")
     by_key = {s.key: s for s in shards if s.step == p.step}
     missing = p.plan.expected_keys() - set(by_key)
@@ -112,7 +112,8 @@ def refresh_timeline(published: CheckpointPublished, shards: Iterable[ShardEncod
     done = [by_key[key] for key in sorted(p.plan.expected_keys())]
     if not all(recorded(s) for s in done):
         raise ValueError(f"checkpoint {p.step}: shard.encoded without a timeline")
-    first_claim = min(s.claimed_at for s in done)  # type: ignore[type-var]
+    # The cast: every shard of ``done`` is ``recorded`` (checked above): its times are set.
+    first_claim = min(cast(float, s.claimed_at) for s in done)
     last_in = max(s.finished_at for s in done)
     rows = [_row("save", p.save_started_at, p.saved_at),
             _row("wait: save → upload", p.saved_at, p.upload_started_at),

@@ -42,7 +42,8 @@ def pack_embeddings(ids: np.ndarray, vectors: np.ndarray,
             raise ValueError(f"{len(passages)} passage numbers for {len(ids)} rows")
         arrays["passages"] = np.asarray(passages, dtype=np.int16)
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    # ignore: numpy's stub matches **arrays against savez's `allow_pickle: bool` too.
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
     return buffer.getvalue()
 
 

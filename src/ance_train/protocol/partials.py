@@ -59,7 +59,8 @@ def pack_partials(groups: dict[str, TopK], doc_ids: np.ndarray | None = None,
         arrays[f"{name}.ids"] = group.ids.astype(np.int64)
         arrays[f"{name}.scores"] = group.scores.astype(np.float32)
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    # ignore: numpy's stub matches **arrays against savez's `allow_pickle: bool` too.
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
     return buffer.getvalue()
 
 

@@ -41,4 +41,7 @@ def layer_grad_norms(encoder: torch.nn.Module) -> dict[str, float]:
 def _transformer_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The longest ModuleList of the encoder: its stack of transformer blocks."""
     lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    if not lists:
+        return []
+    longest = max(lists, key=len)
+    return list(longest)

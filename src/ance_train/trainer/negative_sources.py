@@ -9,8 +9,10 @@ the picker here chooses, per step, between the BM25 warm-up and the configured p
 
 from __future__ import annotations
 
+from typing import cast
+
 from ance_train.config import NegativesConfig
-from ance_train.negatives.strategies.base import NegativeSource, TableHolder
+from ance_train.negatives.strategies.base import NegativeSource, PoolStrategy, TableHolder
 from ance_train.negatives.strategies.random import RandomNegatives
 from ance_train.protocol.tables import TableId
 
@@ -29,7 +31,9 @@ class NegativesPicker:
         self.tables = tables
         self.random = random
         self.pool = config.pool_strategy
-        self.warmup = None if config.warmup == "none" else config.strategy(config.warmup)
+        # The cast: a warm-up (``bm25``, ``bm25_random``) is a registered pool strategy.
+        self.warmup = (None if config.warmup == "none"
+                       else cast(PoolStrategy, config.strategy(config.warmup)))
 
     def _warming(self, step: int) -> bool:
         """BM25 warm-up ("BM25 → X", ANCE Table 1): the first ``warmup_steps`` steps, and for
@@ -44,6 +48,7 @@ class NegativesPicker:
         if self.config.per_query == 0:
             return None, None
         if self._warming(step):
+            assert self.warmup is not None  # ``_warming`` is False without one
             source, table = self.warmup.source(self.tables, self.random)
             if source is not None:
                 return source, table
@@ -59,5 +64,6 @@ class NegativesPicker:
     def ready(self) -> bool:
         """Whether the source meant for step 1 is there."""
         if self._warming(1):
+            assert self.warmup is not None  # ``_warming`` is False without one
             return self.warmup.source(self.tables, self.random)[0] is not None
         return self.pick(1)[0] is not None

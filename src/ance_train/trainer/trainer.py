@@ -30,6 +30,7 @@ import signal
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import get_linear_schedule_with_warmup
@@ -71,6 +72,9 @@ from ance_train.trainer.training_state import (
     capture_rng,
     restore_rng,
 )
+
+if TYPE_CHECKING:
+    from ance_train.negatives.strategies.dance import DanceLoss
 
 
 @dataclass
@@ -163,7 +167,8 @@ class Trainer:
         self.picker = NegativesPicker(
             cfg.negatives, self.feed,
             RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
-        self.dance = cfg.negatives.strategy("dance")  # DANCE's dual loss (off at weight 0)
+        # DANCE's dual loss (off at weight 0); the cast: the registry's "dance" is DanceLoss.
+        self.dance = cast("DanceLoss", cfg.negatives.strategy("dance"))
         # negatives.in_use: which refresh objects the indexer must keep for this trainer.
         self.tables = TablesAnnouncer(ctx.bus, self.feed,
                                       cfg.negatives.mines_ann or self.dance.enabled,
@@ -279,6 +284,7 @@ class Trainer:
                 self.record.torch_threads.append(
                     torch.get_num_threads() if self.threads is None
                     else self.threads.before_step())
+                assert inputs is not None  # submitted with ``current``, which is not None
                 loss, dual_loss = self._optimise(current.batch, self.preparer.result(inputs),
                                                  dual_weight)
                 # Async gap: steps since the checkpoint that mined the table in use (ANN only).
@@ -296,6 +302,7 @@ class Trainer:
         if self.early is not None and self.early.decision.stop and (
                 self.step < cfg.training.total_steps):
             decision = self.early.decision
+            assert cfg.training.early_stopping is not None  # what ``self.early`` was built from
             self.stopped_early = {"at_step": self.step, "best_step": decision.best_step,
                                   "best_value": decision.best_value,
                                   "metric": cfg.training.early_stopping.metric,
@@ -326,7 +333,7 @@ class Trainer:
         """The step about to train is the first on the table of ``table_step`` (-1: BM25):
         recorded with the feed's times (the refresh timeline's last rows, also tracked at
         global step = the table's checkpoint step)."""
-        swap = {"step": self.step, "negatives_step": table_step}
+        swap: dict[str, float] = {"step": self.step, "negatives_step": table_step}
         times = self.feed.swap_times.get(table_step)
         if times is not None:
             swap.update(times, used_at=time.time())
@@ -479,7 +486,9 @@ class Trainer:
         feed = self.feed
         state = TrainingState(
             step=step, optimizer=self.optimizer.state_dict(),
-            scheduler=self.scheduler.state_dict(), rng=self._gather_rng(),
+            scheduler=self.scheduler.state_dict(),
+            # The cast: rank 0 alone checkpoints (the others _follow); its states are never None.
+            rng=cast("dict[str, Any]", self._gather_rng()),
             batches=self.batches.state_dict(),
             negatives=NegativesInUse(
                 ann=None if feed.ann is None else feed.ann.step,

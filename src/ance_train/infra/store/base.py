@@ -10,6 +10,7 @@ collide with a checksum sidecar (``*.sha256``) or a temp file.
 from __future__ import annotations
 
 import abc
+import builtins
 import contextlib
 import hashlib
 import json
@@ -198,7 +199,8 @@ class ObjectStore(abc.ABC):
         """Total bytes of the objects under ``prefix`` (``""``: the whole run)."""
         return sum(self.sizes(prefix).values())
 
-    def abort_unfinished_uploads(self) -> list[str]:
+    # builtins.list: in the class body ``list`` is the method above.
+    def abort_unfinished_uploads(self) -> builtins.list[str]:
         """Abort the run's uploads that were started and never completed (an S3 multipart
         upload whose writer was killed or cut off: its parts are stored, and billed, but no
         object shows them); returns their keys. Only when no writer of the run is alive

@@ -3,6 +3,7 @@ metadata, and retries with exponential backoff on transient failures."""
 
 from __future__ import annotations
 
+import builtins
 import functools
 import hashlib
 import io
@@ -326,7 +327,8 @@ class S3Store(ObjectStore):
         except ObjectNotFound:
             return {}
 
-    def abort_unfinished_uploads(self) -> list[str]:
+    # builtins.list: in the class body ``list`` is the method above.
+    def abort_unfinished_uploads(self) -> builtins.list[str]:
         """Abort the run's unfinished multipart uploads (minio uploads objects above its part
         size in parts; a writer killed or cut off between the first part and the last leaves
         the upload open, and ``minio`` cannot abort it then). Uses minio's ListMultipartUploads

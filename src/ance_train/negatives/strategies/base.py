@@ -24,14 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from ance_train.config import NegativesConfig, RunConfig
-    from ance_train.index.ann import AnnIndex
     from ance_train.negatives.mining import Miner
     from ance_train.negatives.strategies.random import RandomNegatives
     from ance_train.protocol.tables import TableId
@@ -75,13 +74,32 @@ class TableHolder(Protocol):
     dual: NegativesTable | None
 
 
+class MiningIndex(Protocol):
+    """What mining asks of a refresh's index: an :class:`~ance_train.index.ann.AnnIndex`,
+    a :class:`~ance_train.index.passages.PassageIndex` over one (MaxP), or the partitions'
+    :class:`~ance_train.indexer.partitions.MergedIndex`."""
+
+    def scores(self, queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray: ...
+
+    def best_vectors(self, queries: np.ndarray, doc_ids: np.ndarray) -> np.ndarray: ...
+
+    def search(self, queries: np.ndarray, k: int, batch_size: int = 1024,
+               cancel: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class VectorIndex(MiningIndex, Protocol):
+    """An index with one vector per document (no MaxP), which it gives back: DANCE's."""
+
+    def vectors(self, doc_ids: np.ndarray) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class AnnRefresh:
     """One refresh's ANN candidates of the training queries (rows in ``Miner.train_ids``
     order), after positive removal and sampling: what an ANN pool turns into its table."""
 
     step: int
-    index: AnnIndex
+    index: MiningIndex
     queries: np.ndarray          # [Q, dim] training-query embeddings
     anchor_vectors: np.ndarray   # [Q, dim] embedding of d̃⁺, one positive drawn per query
     candidates: np.ndarray       # [Q, k] document indices, PAD where a row is short
@@ -169,7 +187,9 @@ class SamplingStrategy(NegativeStrategy):
         if self.needs_scores and not pool.mines_ann:
             from ance_train.negatives.strategies.registry import names
 
-            dense = " or ".join(n for n in names("pool") if run.negatives.strategy(n).mines_ann)
+            # The cast: names("pool") lists the registered PoolStrategy subclasses only.
+            dense = " or ".join(n for n in names("pool")
+                                if cast(PoolStrategy, run.negatives.strategy(n)).mines_ann)
             raise ValueError(f"negatives.sampling {self.name} needs dense scores: use it with "
                              f"pool {dense}, not {run.negatives.pool}")
 

@@ -31,7 +31,12 @@ from pydantic import Field
 
 from ance_train.negatives.mining import positives_csr
 from ance_train.negatives.rows import Positives
-from ance_train.negatives.strategies.base import LossStrategy, StrategySettings, TableHolder
+from ance_train.negatives.strategies.base import (
+    LossStrategy,
+    StrategySettings,
+    TableHolder,
+    VectorIndex,
+)
 from ance_train.negatives.table import (
     NegativesTable,
     remove_positives,
@@ -42,7 +47,6 @@ from ance_train.negatives.table import (
 if TYPE_CHECKING:
     from ance_train.config import NegativesConfig, RunConfig
     from ance_train.data.dataset import DatasetIndex
-    from ance_train.index.ann import AnnIndex
 
 
 class DanceSettings(StrategySettings):
@@ -82,12 +86,14 @@ def _decimal_strings(values: np.ndarray) -> np.ndarray:
 
 
 def mine_dual(step: int, config: NegativesConfig, dataset: DatasetIndex, train_ids: list[str],
-              index: AnnIndex, train_queries: np.ndarray,
+              index: VectorIndex, train_queries: np.ndarray,
               positives: Positives | None = None) -> NegativesTable:
     """DANCE's negative queries: for each positive document, the nearest training queries
     (embedding space of the current checkpoint) that do not have it as a positive.
     ``positives``: those of ``train_ids`` when the caller keeps them (else read here)."""
-    top_k = config.dance.top_k
+    # ignore: strategy sections are pydantic extras (NegativesConfig.__pydantic_extra__),
+    # served by BaseModel.__getattr__, which pydantic hides from type checkers.
+    top_k = config.dance.top_k  # type: ignore[attr-defined]
     if positives is None:
         positives = positives_csr(dataset, train_ids)
     docs, owners = positives.owners()
@@ -127,7 +133,7 @@ class DanceLoss(LossStrategy):
             raise ValueError("negatives.dance.dual_weight (DANCE) is defined on L2-normalised "
                              "embeddings: set model.similarity to cosine")
 
-    def mine(self, step: int, dataset: DatasetIndex, train_ids: list[str], index: AnnIndex,
+    def mine(self, step: int, dataset: DatasetIndex, train_ids: list[str], index: VectorIndex,
              train_queries: np.ndarray) -> NegativesTable:
         """Indexer side, at each refresh: the negative queries of every positive document
         (the positives of ``train_ids`` read once, kept while the indexer passes the same)."""
