@@ -73,6 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def model_label(path: str) -> str:
+    """The packaged MiniLM by name; any other model by its directory."""
+    from ance_train.config import default_model_path
+
+    return "all-MiniLM-L6-v2 (the packaged model)" if path == str(default_model_path()) else path
+
+
 def encode_setting(model: BiEncoder, tokenizer, texts: list[str], length: int,
                    splitter: PassageSplitter | None, batch_size: int
                    ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
@@ -119,7 +126,7 @@ def render(report: dict) -> str:
         f"Command: `{report['command']}`", "",
         f"Machine: {m['cpu']} ({', '.join(m['cpu_flags'])}) — {m['cores']} cores, torch "
         f"{m['torch']}; {report['date']}.", "",
-        f"SciFact, the first {p['docs']} documents; model `{Path(p['model']).name}`; "
+        f"SciFact, the first {p['docs']} documents; model `{p['model']}`; "
         f"{p['queries']} test queries searched; encode times are medians of {p['repeats']} "
         f"interleaved repetitions on {p['threads']} threads, in "
         f"{report['precision']}. Ratios are to `{base}` (same repetition for encode time).",
@@ -210,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{rows[2]['encode_ratio']:.2f}× to encode with one vector per document.")
     report = {"command": command_line(), "machine": machine(), "date": utc_now(),
               "precision": precision,
-              "params": {"docs": count, "model": str(args.model), "length": args.length,
+              "params": {"docs": count, "model": model_label(str(args.model)),
+                         "length": args.length,
                          "max_passages": args.max_passages, "repeats": args.repeats,
                          "threads": args.threads, "queries": len(queries),
                          "shard_documents": SHARD},
