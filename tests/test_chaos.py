@@ -1,7 +1,8 @@
 """bench/chaos.py in short: five seeded faults (one of each kind) on a run of the tiny model
 (one index partition, to stay short: tests/test_restarts.py kills a partition), beside an
 undisturbed run of the same seed; every check of the soak must pass, and a seed always gives
-the same schedule."""
+the same schedule. The runs index MaxP passages (``--passages max``): the chaos guarantees
+hold with passages too (the many other end-to-end tests run FirstP)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
     command = [sys.executable, str(REPO / "bench" / "chaos.py"), "--minutes", "2",
                "--faults", "5", "--seed", str(SEED), "--data", "subset", "--steps", "6",
                "--refresh-every", "3", "--partitions", "1", "--claim-timeout", "3",
-               "--baseline-seeds", "1", "--work", str(tmp_path / "w"),
+               "--baseline-seeds", "1", "--passages", "max", "--work", str(tmp_path / "w"),
                "--out", str(out), "--reliability", ""]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -78,6 +79,7 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
         assert not failed, failed
         assert len(run["checks"]) == 8
     assert report["quality"]["ok"]
+    assert {run["passages"] for run in (report["chaos"], *report["baselines"])} == {"max"}
     # The schedule used is the seed's, and --replay reads it back as it was.
     services = chaos.service_names(replicas=2, partitions=1)
     expected = chaos.make_schedule(SEED, 2, services, claim_timeout_s=3.0, max_faults=5)

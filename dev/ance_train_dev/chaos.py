@@ -33,15 +33,16 @@ Faults stop when the chaos run finishes (the report counts those left over).
 
 At the end every run is checked: it finished; every refresh announced (``negatives.ready``,
 ``eval.completed``) was announced once and has every corpus document exactly once in its
-stored shards (and every shard in the ``shard.encoded`` events); no negatives table holds a
-positive of its query; every per-step list of the trainer summary has each step once; no
-work item is left pending and nothing was dead-lettered; after the launcher stopped: no
-service process alive, no Redis key beyond the run's own (read from the AOF again), no
-temporary object or unfinished multipart upload in the store. The chaos run's final dev and
-test nDCG@10 must differ from the same seed's baseline by at most the noise: the largest
-difference between the baseline seeds, or ``--tolerance`` if larger (see the report).
-Results: JSON + markdown (``--out``, ``--name``) and the "Chaos soak" section of
-docs/reliability.md (between HTML comment markers, replaced by each run).
+stored shards (with ``--passages max``: every passage of every document once), and every
+shard in the ``shard.encoded`` events; no negatives table holds a positive of its query;
+every per-step list of the trainer summary has each step once; no work item is left pending
+and nothing was dead-lettered; after the launcher stopped: no service process alive, no
+Redis key beyond the run's own (read from the AOF again), no temporary object or unfinished
+multipart upload in the store. The chaos run's final dev and test nDCG@10 must differ from
+the same seed's baseline by at most the noise: the largest difference between the baseline
+seeds, or ``--tolerance`` if larger (see the report). Results: JSON + markdown (``--out``,
+``--name``) and the "Chaos soak" section of docs/reliability.md (between HTML comment
+markers, replaced by each run).
 """
 
 from __future__ import annotations
@@ -150,7 +151,10 @@ def run_config(args: argparse.Namespace, run_id: str, seed: int, data: Path, mod
                output_dir: Path) -> dict:
     return {
         "run_id": run_id, "output_dir": str(output_dir),
-        "data": {"path": str(data), "dev_fraction": 0.2},
+        "data": {"path": str(data), "dev_fraction": 0.2,
+                 # --passages max: documents as MaxP passages (data.passages), two at most.
+                 "passages": ({"mode": "max", "max_passages": 2} if args.passages == "max"
+                              else {"mode": "first"})},
         "model": {"path": str(model), "max_query_length": 16, "max_doc_length": 32},
         "training": {"steps": args.steps, "batch_size": 8, "refresh_every": args.refresh_every,
                      "learning_rate": 5e-4, "torch_threads": 1, "seed": seed,
@@ -369,7 +373,8 @@ def run_worker(spec_path: Path) -> int:
                        "ANCE_S3_RETRY_SECONDS": "300"})
     config = parse_config(spec["config"], "<chaos>")
     config_path = spec_path.with_suffix(".yaml")
-    result: dict = {"run_id": config.run_id, "role": spec["role"], "seed": spec["seed"]}
+    result: dict = {"run_id": config.run_id, "role": spec["role"], "seed": spec["seed"],
+                    "passages": config.data.passages.mode}
     run = EmbeddedRun(config, config_path, overwrite=True)
     run.prepare()
     nemesis = None
@@ -423,7 +428,7 @@ def run_checks(run) -> dict:
     from ance_train.infra.bus import EventBus, connect
     from ance_train.negatives.table import PAD, NegativesTable
     from ance_train.protocol import keys
-    from ance_train.protocol.embeddings import unpack_embeddings
+    from ance_train.protocol.embeddings import unpack_embeddings, unpack_passages
     from ance_train.protocol.events import (
         CheckpointPublished,
         EvalCompleted,
@@ -467,9 +472,18 @@ def run_checks(run) -> dict:
                             f"{sorted(expected - stored)[:3]}, "
                             f"extra {sorted(stored - expected)[:3]}")
             continue
-        ids = np.concatenate([unpack_embeddings(store.get_bytes(key))[0]
-                              for key in sorted(expected) if f"/{CORPUS}-" in key])
-        if not np.array_equal(np.sort(ids), np.arange(dataset.num_docs)):
+        corpus = [store.get_bytes(key) for key in sorted(expected) if f"/{CORPUS}-" in key]
+        ids = np.concatenate([unpack_embeddings(data)[0] for data in corpus])
+        passages = [unpack_passages(data) for data in corpus]
+        if all(p is not None for p in passages):  # MaxP: each (document, passage) once
+            numbers = np.concatenate(passages)  # type: ignore[arg-type]
+            pairs = np.unique(np.stack([ids, numbers]), axis=1)
+            every_first = np.array_equal(np.sort(ids[numbers == 0]),
+                                         np.arange(dataset.num_docs))
+            if pairs.shape[1] != len(ids) or not every_first:
+                problems.append(f"{step}: corpus rows are not every passage of every "
+                                "document once")
+        elif not np.array_equal(np.sort(ids), np.arange(dataset.num_docs)):
             problems.append(f"{step}: corpus rows are not every document once")
     checks["every refresh has every corpus document exactly once"] = _check(
         not problems, problems or f"{len(steps)} refreshes, {dataset.num_docs} documents each")
@@ -585,6 +599,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--trainer-processes", type=int, default=1)
     parser.add_argument("--shard-size", type=int, default=50)
+    parser.add_argument("--passages", choices=("first", "max"), default="first",
+                        help="data.passages.mode of the runs: first (FirstP) or max (MaxP "
+                             "passages, at most 2 per document)")
     parser.add_argument("--claim-timeout", type=float, default=5.0)
     parser.add_argument("--baseline-seeds", type=int, default=2,
                         help="undisturbed runs: seed, seed+1, ... (the first is the reference)")
