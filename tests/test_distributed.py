@@ -218,10 +218,10 @@ def test_context_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_trainer_needs_torchrun_for_several_processes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ance_train.trainer.trainer import _distributed_context
+    from ance_train.trainer.composition import distributed_context
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert _distributed_context(1) == DistributedContext()
+    assert distributed_context(1) == DistributedContext()
     with pytest.raises(RuntimeError, match=r"WORLD_SIZE is 1: start the trainer with python -m "
                                            r"torch\.distributed\.run --nproc-per-node 2"):
-        _distributed_context(2)
+        distributed_context(2)

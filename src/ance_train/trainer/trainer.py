@@ -22,59 +22,40 @@ slice of it on a background thread while step s computes (:mod:`.prefetch`).
 
 from __future__ import annotations
 
-import datetime
 import functools
 import os
-import random
 import signal
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
-from transformers import get_linear_schedule_with_warmup
 
 from ance_train.config import budget_summary, dump_config
-from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkQueue
+from ance_train.infra.bus import REDIS_UNAVAILABLE
 from ance_train.infra.process import die_with_parent
-from ance_train.infra.retention import RunRetention
 from ance_train.infra.store import StorageError
-from ance_train.modeling.model import BiEncoder, load_tokenizer
-from ance_train.modeling.passages import PassageSplitter
 from ance_train.modeling.precision import autocast_context
-from ance_train.modeling.source import base_model_dir
-from ance_train.negatives.strategies.random import RandomNegatives
-from ance_train.observability.telemetry import TrainerTelemetry
 from ance_train.observability.timeline import swap_scalars
-from ance_train.observability.tracking import Tracking, open_tracking
 from ance_train.protocol import keys
 from ance_train.protocol.events import RunFinished, ShardFailed
 from ance_train.runtime import ServiceContext
-from ance_train.trainer.batches import BatchBuilder, TrainingBatch
-from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_checkpoint
-from ance_train.trainer.core_sharing import RefreshAwareThreads
+from ance_train.trainer.batches import TrainingBatch
+from ance_train.trainer.composition import TrainerParts, build_parts
 from ance_train.trainer.distributed import (
-    DistributedContext,
     broadcast_object,
-    init_from_env,
     launched_rank,
 )
-from ance_train.trainer.early_stopping import EarlyStopping
 from ance_train.trainer.loss import layer_grad_norms
-from ance_train.trainer.negative_sources import NegativesPicker
-from ance_train.trainer.negatives_feed import NegativesFeed, TablesAnnouncer
-from ance_train.trainer.prefetch import BatchPreparer, PlannedBatch, StepInputs
-from ance_train.trainer.step import PairEncoder, backward_step, data_parallel
+from ance_train.trainer.prefetch import PlannedBatch, StepInputs
+from ance_train.trainer.step import backward_step
 from ance_train.trainer.training_state import (
     NegativesInUse,
     TrainingState,
     capture_rng,
     restore_rng,
 )
-
-if TYPE_CHECKING:
-    from ance_train.negatives.strategies.dance import DanceLoss
 
 
 @dataclass
@@ -106,88 +87,28 @@ class TrainingRecord:
 
 
 class Trainer:
-    def __init__(self, ctx: ServiceContext) -> None:
+    def __init__(self, ctx: ServiceContext, parts: TrainerParts | None = None) -> None:
+        """The loop over ``parts``, the collaborators :func:`build_parts` makes (the
+        composition root) unless given."""
         self.ctx = ctx
-        cfg = ctx.config
-        self.cfg = cfg
-        # Data-parallel ranks (training.processes, started by torch.distributed.run): rank 0
-        # is the trainer the other services see — it picks the negatives, builds each global
-        # batch and sends it to the others, checkpoints, announces and writes the summary;
-        # the other ranks only compute their slice of every step (``_follow``).
-        self.dist = _distributed_context(cfg.training.processes)
-        # Rank r draws its own dropout masks (seed + r; rank 0 as a single process would).
-        torch.manual_seed(cfg.training.seed + self.dist.rank)
-        random.seed(cfg.training.seed)
-        if cfg.training.torch_threads:
-            torch.set_num_threads(cfg.training.torch_threads)
-        between = cfg.training.torch_threads_between_refreshes
-        self.threads = (None if between is None else RefreshAwareThreads(
-            ctx.bus, torch.get_num_threads(), between, torch.set_num_threads, ctx.stop))
-        # training.early_stopping: derived from the eval reports in the store (rank 0 reads).
-        stopping = cfg.training.early_stopping
-        self.early = (None if stopping is None or not self.dist.is_main
-                      else EarlyStopping(stopping, ctx.store, ctx.bus, ctx.stop))
+        self.cfg = ctx.config
+        self.step = 0
+        p = parts if parts is not None else build_parts(ctx, lambda: self.step)
+        self.dist, self.device, self.threads, self.early = p.dist, p.device, p.threads, p.early
+        self.queue, self.publisher, self.resumed_from = p.queue, p.publisher, p.resumed_from
+        self.tokenizer, self.model, self.preparer = p.tokenizer, p.model, p.preparer
+        self.encoder, self.optimizer, self.scheduler = p.encoder, p.optimizer, p.scheduler
+        self.batches, self.feed, self.picker, self.dance = p.batches, p.feed, p.picker, p.dance
+        self.tables, self.retention = p.tables, p.retention
+        self.telemetry, self.tracking = p.telemetry, p.tracking
         self.stopped_early: dict | None = None  # summary's stopped_early
-        self.device = (torch.device("cuda" if torch.cuda.is_available() else "cpu")
-                       if self.dist.world_size == 1 else self.dist.device())
-        self.queue = WorkQueue(ctx.bus, cfg.inference.claim_timeout_s)
-        self.publisher = CheckpointPublisher(ctx.store, ctx.bus, self.queue, cfg, ctx.dataset,
-                                             ctx.work_dir)
-        # Every rank resumes from the checkpoint rank 0 found (not from one rank 0 wrote since).
-        self.resumed_from = broadcast_object(latest_complete_checkpoint(ctx.store), self.dist)
-        if self.resumed_from is not None:
-            ctx.log.info("resuming from checkpoint %d", self.resumed_from)
-            model_dir = self.publisher.fetch(self.resumed_from)
-        else:  # model.path, or the run's stored copy of a Hub / s3:// model (modeling/source)
-            model_dir = base_model_dir(cfg.model, ctx.store, ctx.work_dir / "base-model")
-        self.tokenizer = load_tokenizer(model_dir)
-        self.model = BiEncoder.from_pretrained(model_dir, cfg.model).to(self.device)
-        # Reads and tokenises the next batch while a step computes; its own tokenizer (the
-        # loop's thread saves ``self.tokenizer`` into checkpoints meanwhile).
-        batch_tokenizer = load_tokenizer(model_dir)
-        self.preparer = BatchPreparer(
-            batch_tokenizer, ctx.corpus, cfg.model.max_query_length, cfg.model.max_doc_length,
-            self.dist.rank, self.dist.world_size, query_prompt=self.model.query_prompt,
-            document_prompt=self.model.document_prompt,
-            passages=(PassageSplitter(batch_tokenizer, cfg.data.passages,
-                                      cfg.model.max_doc_length, self.model.document_prompt)
-                      if cfg.data.passages.enabled else None))
-        # What a step trains through: DDP over the pair encoder with several ranks.
-        self.encoder = data_parallel(PairEncoder(self.model), self.dist)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.training.learning_rate,
-                                           weight_decay=cfg.training.weight_decay)
-        self.scheduler = get_linear_schedule_with_warmup(
-            self.optimizer, cfg.training.warmup_steps, cfg.training.total_steps)
-        self.batches = BatchBuilder(ctx.dataset, cfg.training.batch_size,
-                                    cfg.negatives.per_query,
-                                    cfg.training.in_batch_negatives, cfg.training.seed)
-        self.feed = NegativesFeed(ctx.bus, ctx.store, ctx.options.instance, ctx.stop,
-                                  on_swap=lambda: self.tables.announce(),
-                                  cache_dir=ctx.work_dir)  # tables under negatives/
-        self.picker = NegativesPicker(
-            cfg.negatives, self.feed,
-            RandomNegatives(ctx.dataset.num_docs, self.batches.positives))
-        # DANCE's dual loss (off at weight 0); the cast: the registry's "dance" is DanceLoss.
-        self.dance = cast("DanceLoss", cfg.negatives.strategy("dance"))
-        # negatives.in_use: which refresh objects the indexer must keep for this trainer.
-        self.tables = TablesAnnouncer(ctx.bus, self.feed,
-                                      cfg.negatives.mines_ann or self.dance.enabled,
-                                      lambda: self.step)
-        # store.keep_checkpoints: the trainer alone deletes checkpoints (infra/retention.py).
-        self.retention = RunRetention(ctx.bus, ctx.store, None, cfg.store.keep_checkpoints)
         self.store_bytes: int | None = None  # the run's store size at the last checkpoint
         self.record = TrainingRecord()
-        self.telemetry = TrainerTelemetry(ctx.reporter, cfg.training.total_steps,
-                                          self.dist.world_size)
-        # Rank 0 alone reports, as it alone checkpoints and writes the summary.
-        self.tracking = (open_tracking(cfg, "trainer", ctx.store, ctx.work_dir)
-                         if self.dist.is_main else Tracking([]))
-        self.step = 0
         self.in_use_step: int | None = None  # step of the negatives table the last step used
         self.first_step = 1  # the first step this process runs (logged)
         self._lookahead: PlannedBatch | None = None  # batch of step + 1 of the checkpoint
         self._resume_state = (None if self.resumed_from is None
-                              else self._restore(TrainingState.load(model_dir)))
+                              else self._restore(TrainingState.load(p.model_dir)))
 
     def _restore(self, state: TrainingState) -> TrainingState:
         """Optimizer, scheduler, batch position and records of a checkpoint (the RNG states
@@ -220,6 +141,18 @@ class Trainer:
             self.tracking.close()
 
     def _run(self) -> TrainingRecord:
+        """Rank 0: the run's start (checkpoint 0 or the resumed one, the first negatives),
+        its steps, its end (summary, ``run.finished``)."""
+        self._start()
+        try:
+            self._loop()
+        finally:
+            self.preparer.close()
+        return self._finish()
+
+    def _start(self) -> None:
+        """Checkpoint 0 (or the restored checkpoint's tables and RNG states), the feed and the
+        helpers started, and the first negatives waited for when the strategy says so."""
         ctx, cfg = self.ctx, self.cfg
         ctx.store.put_bytes(keys.RUN_CONFIG, dump_config(cfg).encode())
         self.telemetry.started()
@@ -256,6 +189,10 @@ class Trainer:
         if self._resume_state is not None:  # last: nothing may draw before the loop
             self._restore_rank_rng(self._resume_state.rng)
         self.first_step = self.step + 1
+
+    def _loop(self) -> None:
+        """The steps, up to the budget, a stop or an early stop."""
+        ctx, cfg = self.ctx, self.cfg
         dual_weight = self.dance.weight
         # One-batch lookahead (.prefetch): batch s+1 is built and sent before step s trains.
         upcoming = (self._lookahead or self._plan(self.step + 1)
@@ -263,40 +200,42 @@ class Trainer:
                     and not self._stopping() else None)
         broadcast_object(upcoming, self.dist)
         pending = None if upcoming is None else self.preparer.submit(upcoming)
-        try:
-            while True:
-                if (upcoming is None or self.step >= cfg.training.total_steps
-                        or ctx.stop.is_set()):
-                    broadcast_object(None, self.dist)  # the other ranks stop here too
-                    break
-                self.feed.check()
-                self.step += 1
-                started = time.monotonic()
-                current, inputs = upcoming, pending
-                # Early stopping: this step is the last; it is checkpointed on every rank.
-                final = self.step < cfg.training.total_steps and self._stopping()
-                upcoming = (self._plan(self.step + 1)
-                            if self.step < cfg.training.total_steps and not final else None)
-                broadcast_object(_Next(upcoming, final), self.dist)
-                pending = None if upcoming is None else self.preparer.submit(upcoming)
-                if current.table_step is not None and current.table_step != self.in_use_step:
-                    self._swapped(current.table_step)
-                self.record.torch_threads.append(
-                    torch.get_num_threads() if self.threads is None
-                    else self.threads.before_step())
-                assert inputs is not None  # submitted with ``current``, which is not None
-                loss, dual_loss = self._optimise(current.batch, self.preparer.result(inputs),
-                                                 dual_weight)
-                # Async gap: steps since the checkpoint that mined the table in use (ANN only).
-                gap = None if current.mined_at is None else self.step - current.mined_at
-                self.record.dual_losses.append(dual_loss)
-                self.record.hard_negatives.append(current.batch.hard_negatives)
-                self._log_step(loss, gap, current.table_step, current.negatives_ms,
-                               time.monotonic() - started)
-                if cfg.training.is_checkpoint_step(self.step) or final:
-                    self._checkpoint(self.step, upcoming)
-        finally:
-            self.preparer.close()
+        while True:
+            if (upcoming is None or self.step >= cfg.training.total_steps
+                    or ctx.stop.is_set()):
+                broadcast_object(None, self.dist)  # the other ranks stop here too
+                break
+            self.feed.check()
+            self.step += 1
+            started = time.monotonic()
+            current, inputs = upcoming, pending
+            # Early stopping: this step is the last; it is checkpointed on every rank.
+            final = self.step < cfg.training.total_steps and self._stopping()
+            upcoming = (self._plan(self.step + 1)
+                        if self.step < cfg.training.total_steps and not final else None)
+            broadcast_object(_Next(upcoming, final), self.dist)
+            pending = None if upcoming is None else self.preparer.submit(upcoming)
+            if current.table_step is not None and current.table_step != self.in_use_step:
+                self._swapped(current.table_step)
+            self.record.torch_threads.append(
+                torch.get_num_threads() if self.threads is None
+                else self.threads.before_step())
+            assert inputs is not None  # submitted with ``current``, which is not None
+            loss, dual_loss = self._optimise(current.batch, self.preparer.result(inputs),
+                                             dual_weight)
+            # Async gap: steps since the checkpoint that mined the table in use (ANN only).
+            gap = None if current.mined_at is None else self.step - current.mined_at
+            self.record.dual_losses.append(dual_loss)
+            self.record.hard_negatives.append(current.batch.hard_negatives)
+            self._log_step(loss, gap, current.table_step, current.negatives_ms,
+                           time.monotonic() - started)
+            if cfg.training.is_checkpoint_step(self.step) or final:
+                self._checkpoint(self.step, upcoming)
+
+    def _finish(self) -> TrainingRecord:
+        """Every upload done, the early stop recorded, the summary written and, at the
+        run's end, ``run.finished`` published (once)."""
+        ctx, cfg = self.ctx, self.cfg
         self.publisher.flush()
         self.publisher.close()
         if self.early is not None and self.early.decision.stop and (
@@ -571,24 +510,6 @@ class _Next:
 
     batch: PlannedBatch | None
     final: bool = False  # early stopping: this step is the last and is checkpointed
-
-
-# Rank 0 may wait long for the first negatives, or save a checkpoint, while the other ranks
-# wait for its next batch.
-RANK_TIMEOUT = datetime.timedelta(hours=6)
-
-
-def _distributed_context(processes: int) -> DistributedContext:
-    """One process, or this rank of ``processes`` started by torch.distributed.run."""
-    if processes == 1:
-        return DistributedContext()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != processes:
-        raise RuntimeError(
-            f"training.processes is {processes} but WORLD_SIZE is {world}: start the trainer "
-            f"with python -m torch.distributed.run --nproc-per-node {processes} -m "
-            "ance_train.cli serve trainer ... (ance-train run does)")
-    return init_from_env(timeout=RANK_TIMEOUT)
 
 
 def serve(ctx: ServiceContext) -> int:
