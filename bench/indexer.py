@@ -105,7 +105,8 @@ def run_worker(task_path: Path) -> None:
                            train={q: {int(p): 1} for q, p in zip(train_ids, positives,
                                                                   strict=True)})
     miner = Miner(NegativesConfig(), 1.0, dataset, train_ids, seed=0)
-    depth = max(100, miner.depth()) + miner.max_positives  # as Indexer.mine
+    # As Announcer.train_depth (indexer/announce.py).
+    depth = max(100, miner.depth()) + miner.max_positives
     baseline = current_rss()
 
     started = time.perf_counter()
