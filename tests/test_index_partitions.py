@@ -21,26 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.rpc import search
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.negatives.table import NegativesTable
 from ance_train.protocol import keys
-from ance_train.protocol.events import (
-    CheckpointPublished,
-    EvalCompleted,
-    NegativesReady,
-    PartitionSearched,
-)
+from ance_train.protocol.events import EvalCompleted, PartitionSearched
 from ance_train.protocol.tables import TableId
 
-from ance_train_dev.service_harness import (
-    Harness,
-    checkpoint_steps,
-    stop,
-    wait_registered,
-    wait_until,
-)
+from ance_train_dev.partition_replay import Run, partitioned_replay, reference_run
+from ance_train_dev.service_harness import checkpoint_steps
 
 
 def _sections(data: Path, model: Path, run_id: str, partitions: int) -> dict:
@@ -58,14 +47,6 @@ def _sections(data: Path, model: Path, run_id: str, partitions: int) -> dict:
     }
 
 
-@dataclasses.dataclass
-class Run:
-    harness: Harness
-    bus: EventBus
-    processes: list
-    built: list[int]
-
-
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = RedisServer(tmp_path_factory.mktemp("partitions-redis")).start()
@@ -78,57 +59,19 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, redis_url, scifact_subset, tiny_model) -> Iterator[Run]:
     """The reference: trainer, inferencer and one indexer; the indexer stays up for Search."""
-    root = tmp_path_factory.mktemp("partitions-one")
-    harness = Harness.prepare(root, redis_url,
-                              **_sections(scifact_subset, tiny_model, "parts-one", 1))
-    bus = EventBus(connect(redis_url), harness.config.run_id)
-    processes = [harness.spawn("indexer", "indexer"), harness.spawn("inferencer", "inferencer")]
-    trainer = harness.spawn("trainer", "trainer")
-    processes.append(trainer)
-    try:
-        assert trainer.wait(timeout=400) == 0, harness.log("trainer")[-3000:]
-        wait_until(lambda: 6 in checkpoint_steps(bus, EvalCompleted), 300,
-                   "the reference indexer never evaluated checkpoint 6")
-        stop(processes[1])  # the inferencer is done
-        built = checkpoint_steps(bus, NegativesReady)
-        assert built[0] == 0 and built[-1] == 6, built
-        yield Run(harness, bus, processes, built)
-    finally:
-        for process in processes:
-            stop(process)
+    sections = _sections(scifact_subset, tiny_model, "parts-one", 1)
+    with reference_run(tmp_path_factory.mktemp("partitions-one"), redis_url, sections, 6) as run:
+        yield run
 
 
 @pytest.fixture(scope="module")
 def partitioned(tmp_path_factory, redis_url, single, scifact_subset, tiny_model
                 ) -> Iterator[Run]:
-    """Two index partitions fed the reference's stored shards, one refresh at a time."""
-    root = tmp_path_factory.mktemp("partitions-two")
-    harness = Harness.prepare(root, redis_url,
-                              **_sections(scifact_subset, tiny_model, "parts-two", 2))
-    bus = EventBus(connect(redis_url), harness.config.run_id)
-    source, target = single.harness.store, harness.store
-    for step in single.built:
-        copied = source.list(keys.embeddings(step))
-        if step == single.built[-1]:  # Search encodes query texts with the served checkpoint
-            copied += source.list(keys.checkpoint(step))
-        for key in copied:
-            target.put_bytes(key, source.get_bytes(key))
-    processes = [harness.spawn("indexer", f"indexer-{p}", {"ANCE_INDEX_PARTITION": str(p)})
-                 for p in range(2)]
-    try:
-        for p, process in enumerate(processes):
-            wait_registered(harness, bus, process, "indexer", f"indexer-{p}")
-        published = {r.event.step: r.event for r in single.bus.history(CheckpointPublished)}
-        for step in single.built:
-            bus.publish(published[step])
-            wait_until(lambda s=step: s in checkpoint_steps(bus, EvalCompleted)
-                       or any(p.poll() is not None for p in processes), 240,
-                       f"the partitions never announced checkpoint {step}")
-            assert all(p.poll() is None for p in processes), harness.log("indexer-0")[-3000:]
-        yield Run(harness, bus, processes, single.built)
-    finally:
-        for process in processes:
-            stop(process)
+    """Two fresh index partitions fed the reference's stored shards, one refresh at a time."""
+    sections = _sections(scifact_subset, tiny_model, "parts-two", 2)
+    with partitioned_replay(tmp_path_factory.mktemp("partitions-two"), redis_url, sections,
+                            single) as run:
+        yield run
 
 
 def _table(run: Run, table: TableId) -> NegativesTable:
