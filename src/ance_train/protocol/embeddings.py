@@ -47,28 +47,33 @@ def pack_embeddings(ids: np.ndarray, vectors: np.ndarray,
     return buffer.getvalue()
 
 
-def unpack_embeddings(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """``ids`` and float32 ``vectors`` of a shard (float16 shards are upcast exactly)."""
+def _read(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A shard's ``ids``, float32 ``vectors`` and passage numbers (None without), read once."""
     with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
         ids, vectors = arrays["ids"], arrays["vectors"]
+        passages = arrays["passages"].astype(np.int64) if "passages" in arrays.files else None
     if vectors.dtype not in STORED_DTYPES.values():
         raise ValueError(f"embedding shard holds {vectors.dtype} vectors: expected one of "
                          f"{sorted(STORED_DTYPES)}")
-    return ids, vectors.astype(np.float32, copy=False)
+    return ids, vectors.astype(np.float32, copy=False), passages
+
+
+def unpack_embeddings(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` and float32 ``vectors`` of a shard (float16 shards are upcast exactly)."""
+    ids, vectors, _ = _read(data)
+    return ids, vectors
 
 
 def unpack_passages(data: bytes) -> np.ndarray | None:
     """The passage number of each row of a MaxP corpus shard; None for any other shard."""
-    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-        return arrays["passages"].astype(np.int64) if "passages" in arrays.files else None
+    return _read(data)[2]
 
 
 def unpack_rows(data: bytes, max_passages: int | None) -> tuple[np.ndarray, np.ndarray]:
     """A corpus shard's row keys and float32 vectors: document indices, or with MaxP
     (``max_passages`` set) :func:`passage_keys`. A shard of the other kind is refused: the
     index of one checkpoint holds documents or passages, never both."""
-    ids, vectors = unpack_embeddings(data)
-    passages = unpack_passages(data)
+    ids, vectors, passages = _read(data)  # one parse of the shard on the indexer's path
     if max_passages is None:
         if passages is not None:
             raise ValueError("a MaxP shard (with passage numbers) where documents are indexed "
