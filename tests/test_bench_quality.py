@@ -256,3 +256,75 @@ def test_overrides_reach_a_strategy_section(monkeypatch) -> None:
     for bad in ("negatives=3", "negatives..a=1", "top_k=20"):
         with pytest.raises(SystemExit):
             quality.parse_args(["--set", bad])
+
+
+def test_training_set_cut_keeps_n_queries_and_cuts_dev_from_them(tmp_path: Path,
+                                                                  scifact_subset) -> None:
+    """``--train-queries N`` (issue 33's small-data proxies): train.tsv keeps exactly N
+    queries with a positive, the same N for the same seed, others for another seed; the
+    corpus, queries and other qrels are the source's own files; the dev slice cut from train
+    comes out of those N."""
+    from ance_train.config import DataConfig
+    from ance_train.data.validation import validate_dataset
+
+    from ance_train_dev.quality import cut_training_set, parse_args
+
+    def kept(directory: Path) -> set[str]:
+        rows = (directory / "qrels" / "train.tsv").read_text().splitlines()
+        assert rows[0].split("\t") == ["query-id", "corpus-id", "score"]
+        return {row.split("\t")[0] for row in rows[1:]}
+
+    cut = cut_training_set(scifact_subset, 20, 0, tmp_path / "cuts")
+    first = kept(cut)
+    assert len(first) == 20
+    source = {row.split("\t")[0] for row in
+              (scifact_subset / "qrels" / "train.tsv").read_text().splitlines()[1:]}
+    assert first < source
+    assert (cut / "corpus.jsonl").resolve() == (scifact_subset / "corpus.jsonl").resolve()
+    assert (cut / "qrels" / "test.tsv").read_text() == \
+        (scifact_subset / "qrels" / "test.tsv").read_text()
+    assert kept(cut_training_set(scifact_subset, 20, 0, tmp_path / "again")) == first
+    assert kept(cut_training_set(scifact_subset, 20, 1, tmp_path / "cuts")) != first
+
+    index = validate_dataset(DataConfig(path=str(cut), dev_fraction=0.1), tmp_path / "cache")
+    assert len(index.dev) == 2 and len(index.train) == 18
+    assert set(index.dev) | set(index.train) == first
+
+    with pytest.raises(SystemExit, match="only"):
+        cut_training_set(scifact_subset, len(source) + 1, 0, tmp_path / "cuts")
+    args = parse_args(["--data", str(scifact_subset), "--train-queries", "20"])
+    assert args.dataset == f"{scifact_subset.name}-train20"
+
+
+def test_small_data_report_selects_by_both_rules(tmp_path: Path) -> None:
+    """bench/quality_small.py on a hand-made combined report (logic only, no run): the best
+    dev checkpoint and the earliest one within its interval, the curves, and the paired
+    differences against zero-shot and the peer, read from the significance file."""
+    from ance_train_dev import quality_small
+
+    def refresh(step: int, dev: float, test: float, low: float | None = None) -> dict:
+        return {"step": step, "metrics": {"dev": {"ndcg@10": dev}, "test": {"ndcg@10": test}},
+                "ci95": {"dev": {"ndcg@10": [low, dev + 0.05]}} if low is not None else {}}
+
+    runs = [{"method": "ance", "seed": seed, "refreshes": [
+        refresh(0, 0.50, 0.60, 0.45), refresh(15, 0.58 + d, 0.66, 0.52),
+        refresh(30, 0.60 + d, 0.63, 0.55)]} for seed, d in ((13, 0.0), (42, 0.01))]
+    report = {"dataset": "scifact-train150", "profile": "cpu", "budget": {"steps": 30},
+              "train_queries": 150, "machine": "test", "date": "today", "runs": runs,
+              "references": {"zero-shot (no training)": {"dev": {"ndcg@10": 0.5},
+                                                         "test": {"ndcg@10": 0.6}}}}
+    significance = {"test_queries": 300, "comparisons": [
+        {"method": "ance", "versus": "zero-shot", "delta": 0.045, "p_bh": 0.01},
+        {"method": "ance", "versus": "st-static", "delta": -0.002, "p_bh": 0.8}]}
+    (tmp_path / "small.json").write_text(json.dumps(report))
+    (tmp_path / "small-significance.json").write_text(json.dumps(significance))
+
+    assert quality_small.main([str(tmp_path / "small.json"), "--out", str(tmp_path)]) == 0
+    written = json.loads((tmp_path / "quality-small.json").read_text())["datasets"][0]
+    rules = written["methods"]["ance"]["rules"]
+    assert rules["best"]["steps"] == [30, 30]
+    assert rules["earliest-within-noise"]["steps"] == [15, 15]  # 0.58 >= 0.55, 0.50 < 0.55
+    assert rules["earliest-within-noise"]["test_stats"]["mean"] == pytest.approx(0.66)
+    assert written["curves"]["ance"]["0"]["test"] == pytest.approx(0.60)
+    markdown = (tmp_path / "quality-small.md").read_text()
+    assert "+0.0450 (p = 0.010)" in markdown and "-0.0020 (p = 0.800)" in markdown

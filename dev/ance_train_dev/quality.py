@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import signal
 import statistics
@@ -120,6 +121,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "a BEIR directory. Its official qrels/dev.tsv, when it has one "
                              "(NFCorpus), is the dev split (data.dev_split: auto); else the dev "
                              "slice is cut from train (SciFact).")
+    parser.add_argument("--train-queries", type=int, metavar="N",
+                        help="Cut the training set to N queries with a positive, drawn with "
+                             "--cut-seed (a small-data proxy, issue 33); dev and test stay. "
+                             "Where the dev slice is cut from train (SciFact), it is cut from "
+                             "these N, as it would be for a user who has only N.")
+    parser.add_argument("--cut-seed", type=int, default=0,
+                        help="Seed of --train-queries' draw (fixed apart from the training "
+                             "seeds, so every seed trains on the same N queries).")
     parser.add_argument("--model", help="Encoder directory (default: the MiniLM package).")
     parser.add_argument("--steps", type=int, help="Override the profile's steps (tests).")
     parser.add_argument("--refresh-every", type=int, help="Override the refresh interval.")
@@ -168,6 +177,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(or SECTION.SUBSECTION.FIELD=VALUE)")
     if args.max_doc_length:  # recorded with the run, as a variant's other settings are
         args.overrides.append(f"model.max_doc_length={args.max_doc_length}")
+    if args.train_queries is not None:
+        if args.train_queries < 2:
+            parser.error("--train-queries must be at least 2")
+        args.dataset = f"{args.dataset}-train{args.train_queries}"
     if args.label and len(args.methods) != 1:
         parser.error(f"--label names one method; got --methods {' '.join(args.methods)}")
     if args.label in ALL_METHODS and args.label != args.methods[0]:
@@ -202,6 +215,37 @@ def method_config(method: str, seed: int, args: argparse.Namespace, runs_dir: Pa
                                         raw["training"]["steps"] - 1)
     apply_overrides(raw, args.overrides)
     return raw
+
+
+def cut_training_set(data: Path, n: int, seed: int, into: Path) -> Path:
+    """A BEIR directory like ``data`` whose ``qrels/train.tsv`` keeps only ``n`` queries that
+    have a positive, drawn with ``seed`` (sorted, then shuffled, so the draw does not depend on
+    the file's order). The corpus, queries and the other qrels are linked, not copied. Made
+    once per (dataset, n, seed); a directory already there is reused."""
+    target = into / f"{data.name}-train{n}-cut{seed}"
+    if (target / "qrels" / "train.tsv").is_file():
+        return target
+    lines = (data / "qrels" / "train.tsv").read_text().splitlines()
+    header, rows = lines[0], [line.split("\t") for line in lines[1:] if line.strip()]
+    positive = sorted({row[0] for row in rows if float(row[2]) > 0})
+    if len(positive) < n:
+        raise SystemExit(f"--train-queries {n}: {data / 'qrels' / 'train.tsv'} has only "
+                         f"{len(positive)} queries with a positive")
+    random.Random(seed).shuffle(positive)
+    keep = set(positive[:n])
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "qrels").mkdir(parents=True)
+    for item in data.iterdir():
+        if item.name != "qrels":
+            (staging / item.name).symlink_to(item.resolve())
+    for split in (data / "qrels").iterdir():
+        if split.name != "train.tsv":
+            (staging / "qrels" / split.name).symlink_to(split.resolve())
+    kept = [header] + ["\t".join(row) for row in rows if row[0] in keep]
+    (staging / "qrels" / "train.tsv").write_text("\n".join(kept) + "\n")
+    staging.rename(target)
+    return target
 
 
 def run_child(command: list[str]) -> subprocess.CompletedProcess:
@@ -580,6 +624,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     seeds = args.seeds or PROFILES[args.profile]["seeds"]
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.train_queries is not None:  # outlives the runs' temp dir: BM25 reads it after
+        into = (args.runs_dir or Path(tempfile.gettempdir()) / "ance-quality") / "datasets"
+        args.data = cut_training_set(args.data, args.train_queries, args.cut_seed,
+                                     into.resolve())
+        print(f"[quality] training set cut to {args.train_queries} queries: {args.data}",
+              flush=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ance-quality-") as scratch:
         runs_dir = (args.runs_dir or Path(scratch)).resolve()
@@ -600,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile, "dataset": args.dataset,
         "name": args.name or default_name(args),
         "overrides": args.overrides, "seeds": seeds,
+        **({"train_queries": args.train_queries, "cut_seed": args.cut_seed}
+           if args.train_queries is not None else {}),
         "methods": [args.label] if args.label else args.methods,
         "variants": labelled_variants(runs),
         "budget": budget(method_config(args.methods[0], seeds[0], args, Path("runs"))),
