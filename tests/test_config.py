@@ -15,8 +15,8 @@ from ance_train.config import (
     dump_config,
     load_config,
     parse_config,
+    registered_strategies,
 )
-from ance_train.negatives.strategies.registry import STRATEGIES
 
 from ance_train_dev.helpers import write_config
 
@@ -245,7 +245,7 @@ LEGACY_KEYS = [
 
 
 def test_every_deprecated_key_is_listed_here() -> None:
-    registered = {old: (name, new) for name, strategy in STRATEGIES.items()
+    registered = {old: (name, new) for name, strategy in registered_strategies().items()
                   for old, new in strategy.legacy_keys.items()}
     assert registered == {old: new for old, new, _ in LEGACY_KEYS}
 

@@ -8,7 +8,8 @@ of services/, bench/ and scripts/:
 * a backticked package path (``protocol/events.py``, ``infra/store/``-style, as
   docs/architecture.md writes them) exists under ``src/ance_train/``, ``src/`` or the root;
 * a dotted name ``ance_train.x.y`` is a module, or a module and a name it defines at top level
-  (``ance_train.infra.bus.WorkQueue``), found with :mod:`ast`, nothing imported;
+  (``ance_train.infra.bus.WorkQueue``), found with :mod:`ast`, nothing imported, or an
+  entry-point group pyproject.toml declares (``ance_train.negative_strategies``);
 * a relative Markdown link, or a backticked ``….md``, points at a file inside the repository.
 
 Only names that once existed and are mentioned *as gone* are listed in ``HISTORICAL``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -32,6 +34,8 @@ DOCS = sorted({*REPO.glob("docs/**/*.md"), REPO / "README.md",
 HISTORICAL = {
     "services/__init__.py",  # architecture.md, Layout: why the old package root was removed
 }
+ENTRY_POINT_GROUPS = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"].get(
+    "entry-points", {}))
 TOP = r"(?:src|tests|bench|dev|scripts|services|docker|helm|configs|proto)"
 EXT = r"(?:py|sh|md|ya?ml|txt|proto|json|conf|c|map|tpl|toml)"
 REPO_PATH = re.compile(rf"(?<![\w/.-]){TOP}/[\w/.-]*\w\.{EXT}\b")
@@ -91,6 +95,8 @@ def module_path(parts: list[str]) -> Path | None:
 
 @pytest.mark.parametrize("doc, name", sorted(set(occurrences(DOTTED))))
 def test_dotted_module_name_exists(doc: str, name: str) -> None:
+    if name in ENTRY_POINT_GROUPS:
+        return
     parts = name.split(".")
     for length in range(len(parts), 0, -1):
         path = module_path(parts[:length])

@@ -33,7 +33,9 @@ Two counts, entry modules included: **direct**, the entry modules and the first-
   (``Run``) no service triggers;
 * the generated gRPC code (``ance_train.infra.proto``) is listed but not counted
   (``--count-generated`` counts it);
-* the strategy registry imports every strategy module, while a run uses one of them:
+* ``ance_train.config`` loads every strategy module, through the entry points of
+  pyproject.toml's group ``ance_train.negative_strategies`` (``registered_strategies``, at the
+  first validation): they count as lazy imports of ``config``. A run uses one of them:
   ``strategies (one per run)`` is the count with the strategy modules (``negatives/strategies/``
   less ``base`` and ``registry``) counted as one.
 
@@ -49,6 +51,7 @@ import argparse
 import ast
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +71,18 @@ GENERATED = "ance_train.infra.proto"
 STRATEGIES = "ance_train.negatives.strategies"
 STRATEGY_SUPPORT = ("ance_train.negatives.strategies.base",
                     "ance_train.negatives.strategies.registry")
+# The module that loads the strategies' entry points (no import statement names them).
+ENTRY_POINT_LOADER = ("ance_train.config", "ance_train.negative_strategies")
+
+
+def entry_point_modules(group: str, src: Path = SRC) -> set[str]:
+    """The modules of the entry points of ``group`` in the pyproject.toml above ``src``."""
+    pyproject = src.parent / "pyproject.toml"
+    if not pyproject.is_file():
+        return set()
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    entries = project.get("entry-points", {}).get(group, {})
+    return {value.partition(":")[0].strip() for value in entries.values()}
 
 
 def module_file(module: str, src: Path = SRC) -> Path | None:
@@ -141,6 +156,9 @@ def first_party_imports(module: str, src: Path = SRC, top_level_only: bool = Fal
                 target = target.rsplit(".", 1)[0]  # ``import a.b.name`` forms
             if module_file(target, src) is not None:
                 out.add(target)
+    if module == ENTRY_POINT_LOADER[0] and not top_level_only:  # loaded in a function
+        out |= {target for target in entry_point_modules(ENTRY_POINT_LOADER[1], src)
+                if module_file(target, src) is not None}
     out.discard(module)
     return out
 

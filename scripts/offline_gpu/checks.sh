@@ -50,6 +50,8 @@ PY
 [ -n "$cublas13" ] || { echo "no libcublas.so.13 on this machine"; exit 1; }
 export LD_LIBRARY_PATH=/tmp/stage/lib:/tmp/cu12/nvidia/cuda_runtime/lib:$cublas13:${LD_LIBRARY_PATH:-}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/dev
+# ance-train runs from src/, not installed: its entry points (the negative strategies).
+python3 scripts/offline_gpu/dist_info.py /tmp/site || exit 1
 stamp "installed; cuBLAS 13 from $cublas13"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RES/gpu.txt"
 nproc >> "$RES/gpu.txt"

@@ -14,6 +14,9 @@ t0=$(date +%s); stamp() { echo "[smoke +$(( $(date +%s) - t0 )) s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/dev
+# ance-train itself runs from src/, not installed: its entry points (the negative strategies)
+# as a .dist-info in /tmp/site, which quality.sh reuses.
+python3 scripts/offline_gpu/dist_info.py /tmp/site || exit 1
 mkdir -p /tmp/data && tar -xJf .offline/a/data.tar.xz -C /tmp/data || exit 1
 stamp installed
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

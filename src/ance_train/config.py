@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
+import importlib.metadata
 import logging
 import posixpath
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, cast
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import yaml
 from pydantic import (
@@ -32,8 +35,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from ance_train.negatives.strategies.base import StrategySettings
-
+# Type names only (never imported at run time: the configuration sits below the strategies,
+# which it reaches through their entry points, see ``registered_strategies``).
 if TYPE_CHECKING:
     from ance_train.negatives.strategies.base import (
         LossStrategy,
@@ -449,12 +452,166 @@ class TrainingConfig(_Strict):
         return self
 
 
-def _registry() -> ModuleType:
-    """The negative-strategy registry, imported on first use: the strategy modules import
-    modules that import this one."""
-    from ance_train.negatives.strategies import registry
+# ------------------------------------------------------------------ the negative strategies
+#
+# The strategies (negatives/strategies/) sit above the configuration in the layers of
+# docs/architecture.md: they read it, it never imports them. It finds them through Python
+# entry points instead, so that a package of one's own registers a strategy the same way
+# ance-train registers its own (pyproject.toml).
 
-    return registry
+#: The entry-point group of negative strategies: ``<name> = "<module>:<class>"``, in
+#: ``[project.entry-points."ance_train.negative_strategies"]`` of a distribution's
+#: pyproject.toml (ance-train's own, or any installed package's).
+STRATEGY_ENTRY_POINTS = "ance_train.negative_strategies"
+
+StrategyRole = Literal["pool", "sampling", "loss"]
+#: The roles, in the order the registry lists them.
+STRATEGY_ROLES: tuple[StrategyRole, ...] = ("pool", "sampling", "loss")
+
+
+class StrategySettings(BaseModel):
+    """A strategy's own settings: the section ``negatives.<strategy name>``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BoundStrategy(Protocol):
+    """A strategy bound to one ``negatives`` configuration, as the configuration uses it
+    (``negatives/strategies/base.py``: ``NegativeStrategy`` and its role's subclass)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def check(self, run: RunConfig) -> None:
+        """Raise ``ValueError`` naming the field when ``run`` cannot work with it."""
+        ...
+
+
+class StrategyClass(Protocol):
+    """What the configuration needs of a strategy class (a subclass of ``PoolStrategy``,
+    ``SamplingStrategy`` or ``LossStrategy`` of ``negatives/strategies/base.py``): its name
+    (the value written in the configuration), role, settings model (the section
+    ``negatives.<name>``, None: no settings), deprecated flat keys, place in lists, and
+    an instance bound to a configuration, whose ``check`` it calls. A pool's class flags
+    ``hard_negatives``, ``mines_ann``, ``uses_bm25`` and ``remines``, a sampling's
+    ``depth()`` and a loss's ``enabled`` are read through the typed accessors of
+    :class:`NegativesConfig`."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def role(self) -> StrategyRole: ...
+
+    @property
+    def settings_model(self) -> type[StrategySettings] | None: ...
+
+    @property
+    def legacy_keys(self) -> Mapping[str, str]: ...
+
+    @property
+    def order(self) -> int: ...
+
+    def __call__(self, config: NegativesConfig) -> BoundStrategy: ...
+
+
+class StrategyRegistryError(ConfigError):
+    """The installed negative strategies cannot be read: none is registered (the package's
+    entry points are missing), one does not load, or two disagree."""
+
+
+# What a strategy class must define besides ``name`` and ``role`` (checked at loading).
+_STRATEGY_ATTRIBUTES = ("settings_model", "legacy_keys", "order", "check")
+
+
+def _entry_point_origin(entry: importlib.metadata.EntryPoint) -> str:
+    """``entry point 'name = module:Class' of distribution <name> <version>`` (messages)."""
+    dist = entry.dist
+    owner = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+    return f"entry point {entry.name!r} = {entry.value!r} of distribution {owner}"
+
+
+def _check_strategy_class(strategy: object, name: str, origin: str) -> StrategyClass:
+    """``strategy`` as a strategy class registered as ``name``; :class:`StrategyRegistryError`
+    saying what is wrong otherwise."""
+    problem = None
+    if not isinstance(strategy, type):
+        problem = f"is {strategy!r}, not a class"
+    elif getattr(strategy, "name", None) != name:
+        problem = (f"gives the class {strategy.__qualname__}, whose name is "
+                   f"{getattr(strategy, 'name', None)!r}: the entry point's name must be the "
+                   "class's name (the value written in the configuration)")
+    elif getattr(strategy, "role", None) not in STRATEGY_ROLES:
+        problem = (f"gives the class {strategy.__qualname__}, whose role is "
+                   f"{getattr(strategy, 'role', None)!r}, not one of {', '.join(STRATEGY_ROLES)}: "
+                   "subclass PoolStrategy, SamplingStrategy or LossStrategy of "
+                   "ance_train.negatives.strategies.base")
+    elif missing := [key for key in _STRATEGY_ATTRIBUTES if not hasattr(strategy, key)]:
+        problem = (f"gives the class {strategy.__qualname__}, which lacks {', '.join(missing)}: "
+                   "subclass a strategy base of ance_train.negatives.strategies.base")
+    else:
+        settings = getattr(strategy, "settings_model")  # noqa: B009 (not typed on a type)
+        if settings is not None and not (isinstance(settings, type)
+                                         and issubclass(settings, StrategySettings)):
+            problem = (f"gives the class {strategy.__qualname__}, whose settings_model "
+                       f"{settings!r} is not a subclass of ance_train.config.StrategySettings")
+    if problem is not None:
+        raise StrategyRegistryError(f"negative strategy {name!r}: the {origin} {problem}")
+    return cast(StrategyClass, strategy)
+
+
+@functools.cache
+def registered_strategies() -> Mapping[str, StrategyClass]:
+    """Every installed negative strategy, name → class: the entry points of the group
+    :data:`STRATEGY_ENTRY_POINTS` of the installed distributions (ance-train's own, in its
+    pyproject.toml, and those of any other package), loaded on first use and kept.
+
+    Listed pools first, then samplings, then losses, each role by the classes' ``order``
+    and then name (the order the configuration's messages name them in; entry points
+    themselves come unordered). :class:`StrategyRegistryError` when none is registered (the
+    distribution is not installed), when one does not load or is no strategy class, when a
+    class's ``name`` is not its entry point's, or when two entry points give one name."""
+    found: dict[str, tuple[StrategyClass, str]] = {}
+    for entry in importlib.metadata.entry_points(group=STRATEGY_ENTRY_POINTS):
+        origin = _entry_point_origin(entry)
+        if entry.name in found:
+            raise StrategyRegistryError(
+                f"negative strategy {entry.name!r} is registered twice, by the "
+                f"{found[entry.name][1]} and by the {origin}: uninstall one of the two "
+                "distributions, or rename one of the strategies")
+        try:
+            loaded = entry.load()
+        except Exception as error:
+            raise StrategyRegistryError(
+                f"negative strategy {entry.name!r}: the {origin} does not load: "
+                f"{type(error).__name__}: {error}") from error
+        found[entry.name] = (_check_strategy_class(loaded, entry.name, origin), origin)
+    if not found:
+        raise StrategyRegistryError(
+            f"no negative strategy is registered: the entry points of the group "
+            f"{STRATEGY_ENTRY_POINTS!r} are missing, so the ance-train distribution is not "
+            f"installed in this Python environment ({sys.executable}; a source tree on "
+            "PYTHONPATH has no entry points). Install it: `pip install -e .` in the "
+            "repository (scripts/setup.sh does), or `pip install ance-train`")
+    ordered = sorted((strategy for strategy, _ in found.values()),
+                     key=lambda s: (STRATEGY_ROLES.index(s.role), s.order, s.name))
+    return MappingProxyType({strategy.name: strategy for strategy in ordered})
+
+
+def strategy_names(role: StrategyRole) -> list[str]:
+    """The registered strategies of one role, in the registry's order."""
+    return [name for name, strategy in registered_strategies().items()
+            if strategy.role == role]
+
+
+def lookup_strategy(name: str, role: StrategyRole) -> StrategyClass:
+    """The strategy class registered as ``name`` for ``role``; ``KeyError`` naming the
+    registered ones otherwise."""
+    strategy = registered_strategies().get(name)
+    if strategy is None or strategy.role != role:
+        raise KeyError(f"unknown {role} {name!r}; registered: "
+                       f"{', '.join(strategy_names(role))}")
+    return strategy
 
 
 def _error_at(loc: tuple, item: Any) -> InitErrorDetails:
@@ -489,7 +646,7 @@ def _read_legacy_keys(data: dict, section: dict, name: str,
 
 def _registered(name: str, role: Literal["pool", "sampling"]) -> str:
     try:
-        _registry().lookup(name, role)
+        lookup_strategy(name, role)
     except KeyError as error:
         raise ValueError(error.args[0]) from None
     return name
@@ -506,7 +663,8 @@ class NegativesConfig(BaseModel):
     ("BM25 → X", ANCE Table 1); ``warmup: bm25_random`` on BM25 and random negatives 1:1
     first, so X starts from the DPR-style model (ANCE warms up from DPR in OpenQA, §5).
 
-    Pools and samplings are the strategies of :mod:`ance_train.negatives.strategies.registry`.
+    Pools and samplings are the registered strategies (:func:`registered_strategies`: the
+    entry points of ance-train's and any installed package's pyproject.toml).
     A strategy with settings of its own reads them from the section named after it, declared
     by its module: ``bm25: {top_k}``, ``tele: {momentum_weight, lookahead_weight,
     max_candidates}``, ``simans: {a, b, top_k}``, ``dance: {dual_weight, per_positive,
@@ -560,7 +718,7 @@ class NegativesConfig(BaseModel):
         data = dict(data)
         errors: list[InitErrorDetails] = []
         sections: dict[str, StrategySettings] = {}
-        for name, strategy in _registry().STRATEGIES.items():
+        for name, strategy in registered_strategies().items():
             model = strategy.settings_model
             if model is None:
                 continue
@@ -598,11 +756,12 @@ class NegativesConfig(BaseModel):
 
     def strategy(self, name: str) -> NegativeStrategy:
         """The registered strategy ``name``, bound to this configuration."""
-        return _registry().STRATEGIES[name](self)
+        return cast("NegativeStrategy", registered_strategies()[name](self))
 
     # The casts: ``pool`` and ``sampling`` are validated as names registered for that role
-    # (``_registered``), and ``names(role)`` lists only that role's classes, which subclass
-    # the role's base (``registry``); the registry's dict holds them as NegativeStrategy.
+    # (``_registered``), and ``strategy_names(role)`` lists only that role's classes, which
+    # subclass the role's base (docs/strategies.md); the registry holds them as the
+    # StrategyClass protocol, the configuration importing no strategy module.
     @property
     def pool_strategy(self) -> PoolStrategy:
         return cast("PoolStrategy", self.strategy(self.pool))
@@ -614,7 +773,7 @@ class NegativesConfig(BaseModel):
     @property
     def loss_strategies(self) -> list[LossStrategy]:
         """Every registered loss strategy (each says whether it is ``enabled``)."""
-        return [cast("LossStrategy", self.strategy(name)) for name in _registry().names("loss")]
+        return [cast("LossStrategy", self.strategy(name)) for name in strategy_names("loss")]
 
     @property
     def mines_ann(self) -> bool:
@@ -1060,7 +1219,7 @@ def budget_summary(training: TrainingConfig) -> dict[str, int | None]:
 
 def _pools_with(flag: str, negatives: NegativesConfig) -> str:
     """The registered pools with a class flag set, as "a or b" (for messages)."""
-    return " or ".join(name for name in _registry().names("pool")
+    return " or ".join(name for name in strategy_names("pool")
                        if getattr(negatives.strategy(name), flag))
 
 
@@ -1071,7 +1230,7 @@ def _sections(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
                 if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
     if model is NegativesConfig:
         sections.update({name: strategy.settings_model
-                         for name, strategy in _registry().STRATEGIES.items()
+                         for name, strategy in registered_strategies().items()
                          if strategy.settings_model is not None})
     return sections
 
@@ -1102,6 +1261,7 @@ def _describe(error: ValidationError, source: str) -> str:
 
 def parse_config(raw: dict, source: str = "<dict>") -> RunConfig:
     """Validate a mapping; raise :class:`ConfigError` naming every bad field."""
+    registered_strategies()  # StrategyRegistryError as itself, not as a field's error
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as error:

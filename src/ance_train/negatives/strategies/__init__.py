@@ -4,5 +4,5 @@ baselines BM25 (:mod:`.bm25`), random (:mod:`.random`), BM25 + random
 (:mod:`.bm25_random`) and in-batch (:mod:`.in_batch`).
 
 :mod:`.base` defines what a strategy is; :mod:`.registry` maps configuration names to
-strategies. See docs/strategies.md.
+strategies, each registered by an entry point (pyproject.toml). See docs/strategies.md.
 """

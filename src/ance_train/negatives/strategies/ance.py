@@ -96,6 +96,7 @@ class AnnPool(PoolStrategy):
     """Pool ``ann``: the ANN top-K of the latest refresh minus the positives."""
 
     name: ClassVar[str] = "ann"
+    order: ClassVar[int] = 50
     needs_table: ClassVar[bool] = True
     mines_ann: ClassVar[bool] = True
     remines: ClassVar[bool] = True
@@ -124,6 +125,7 @@ class UniformSampling(SamplingStrategy):
     """Sampling ``uniform``: every candidate of a row equally likely (ANCE §5)."""
 
     name: ClassVar[str] = "uniform"
+    order: ClassVar[int] = 10
 
     def probabilities(self, candidates: np.ndarray, scores: np.ndarray,
                       positive_scores: np.ndarray) -> np.ndarray:

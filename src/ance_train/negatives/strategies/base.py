@@ -16,7 +16,9 @@ may declare a settings model (:class:`StrategySettings`, read from the section
 ``negatives.<name>``) and the flat keys that held those settings before (still read, with a
 deprecation message), rejects the combinations it cannot work with (:meth:`check`), and
 implements its role's indexer side (mining) and trainer side (the source of its negatives).
-Instances are bound to one ``negatives`` configuration.
+Instances are bound to one ``negatives`` configuration. It is registered by an entry point
+(:mod:`.registry`); what the configuration asks of it is
+:class:`ance_train.config.StrategyClass`, which these bases satisfy.
 """
 
 from __future__ import annotations
@@ -24,25 +26,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+
+# StrategySettings and the roles belong to the configuration, which validates the sections
+# (re-exported here, where the strategies import them from).
+from ance_train.config import StrategyRole, StrategySettings, strategy_names
+from ance_train.negatives.table import NegativesTable
 
 if TYPE_CHECKING:
     from ance_train.config import NegativesConfig, RunConfig
     from ance_train.negatives.mining import Miner
     from ance_train.negatives.strategies.random import RandomNegatives
     from ance_train.protocol.tables import TableId
-from ance_train.negatives.table import NegativesTable
 
-Role = Literal["pool", "sampling", "loss"]
-
-
-class StrategySettings(BaseModel):
-    """A strategy's own settings: the section ``negatives.<strategy name>``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+Role = StrategyRole
 
 
 class NegativeSource(Protocol):
@@ -123,6 +122,10 @@ class NegativeStrategy:
     settings_model: ClassVar[type[StrategySettings] | None] = None
     #: Deprecated flat keys of ``negatives`` → the field of ``settings_model`` they now are.
     legacy_keys: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    #: Where the strategy comes among its role's names in lists (messages, the registry):
+    #: lower first, ties by name. The built-in ones are 10, 20, ...; the default puts a
+    #: strategy of another package after them.
+    order: ClassVar[int] = 1000
 
     def __init__(self, config: NegativesConfig) -> None:
         self.config = config
@@ -185,10 +188,8 @@ class SamplingStrategy(NegativeStrategy):
     def check(self, run: RunConfig) -> None:
         pool = run.negatives.pool_strategy
         if self.needs_scores and not pool.mines_ann:
-            from ance_train.negatives.strategies.registry import names
-
-            # The cast: names("pool") lists the registered PoolStrategy subclasses only.
-            dense = " or ".join(n for n in names("pool")
+            # The cast: strategy_names("pool") lists the registered PoolStrategy subclasses.
+            dense = " or ".join(n for n in strategy_names("pool")
                                 if cast(PoolStrategy, run.negatives.strategy(n)).mines_ann)
             raise ValueError(f"negatives.sampling {self.name} needs dense scores: use it with "
                              f"pool {dense}, not {run.negatives.pool}")
@@ -202,3 +203,12 @@ class LossStrategy(NegativeStrategy):
     @property
     def enabled(self) -> bool:
         raise NotImplementedError
+
+
+if TYPE_CHECKING:
+    from ance_train.config import StrategyClass
+
+    # mypy: each role's base gives the configuration what it asks of a strategy class.
+    _POOL: StrategyClass = PoolStrategy
+    _SAMPLING: StrategyClass = SamplingStrategy
+    _LOSS: StrategyClass = LossStrategy

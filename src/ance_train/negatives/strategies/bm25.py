@@ -97,6 +97,7 @@ class Bm25Pool(PoolStrategy):
     """Pool ``bm25``: the BM25 table throughout."""
 
     name: ClassVar[str] = "bm25"
+    order: ClassVar[int] = 30
     needs_table: ClassVar[bool] = True
     uses_bm25: ClassVar[bool] = True
     settings_model = Bm25Settings

@@ -51,6 +51,7 @@ class Bm25RandomPool(PoolStrategy):
     """Pool ``bm25_random``: BM25 and random negatives 1:1."""
 
     name: ClassVar[str] = "bm25_random"
+    order: ClassVar[int] = 40
     needs_table: ClassVar[bool] = True
     uses_bm25: ClassVar[bool] = True
 

@@ -109,6 +109,7 @@ class DanceLoss(LossStrategy):
     """The dual loss: enabled by ``negatives.dance.dual_weight`` > 0."""
 
     name: ClassVar[str] = "dance"
+    order: ClassVar[int] = 10
     settings_model = DanceSettings
     legacy_keys = MappingProxyType({"dual_weight": "dual_weight",
                                     "dual_per_positive": "per_positive",

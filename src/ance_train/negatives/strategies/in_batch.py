@@ -29,6 +29,7 @@ class InBatchPool(PoolStrategy):
     """Pool ``in_batch``: no hard negatives."""
 
     name: ClassVar[str] = "in_batch"
+    order: ClassVar[int] = 10
     hard_negatives: ClassVar[bool] = False
 
     def source(self, tables: TableHolder,

@@ -50,6 +50,7 @@ class RandomPool(PoolStrategy):
     """Pool ``random``: the trainer's own uniform draw."""
 
     name: ClassVar[str] = "random"
+    order: ClassVar[int] = 20
 
     def source(self, tables: TableHolder,
                random: RandomNegatives) -> tuple[NegativeSource | None, TableId | None]:

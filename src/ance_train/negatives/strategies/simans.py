@@ -60,6 +60,7 @@ class SimansSampling(SamplingStrategy):
     """Sampling ``simans``: Eq. 4 over the sampling's own top-k."""
 
     name: ClassVar[str] = "simans"
+    order: ClassVar[int] = 20
     needs_scores: ClassVar[bool] = True
     settings_model = SimansSettings
     legacy_keys = MappingProxyType({"simans_a": "a", "simans_b": "b", "simans_top_k": "top_k"})

@@ -148,6 +148,7 @@ class TelePool(AnnPool):
     """Pool ``tele``: current ANN ∪ α·momentum ∪ β·lookahead (Eq. 4-6)."""
 
     name: ClassVar[str] = "tele"
+    order: ClassVar[int] = 60
     remines: ClassVar[bool] = False
     settings_model = TeleSettings
     legacy_keys = MappingProxyType({"tele_momentum_weight": "momentum_weight",
