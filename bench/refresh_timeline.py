@@ -7,13 +7,15 @@ training steps and a refresh every ``--refresh-every`` steps. After the run the 
 every refresh is read back from the store (:func:`ance_train.observability.timeline.run_timelines`:
 ``eval/<k>.json`` + ``trainer/summary.json``).
 
-Variants (one invocation runs them one after the other on the same machine):
+Variants (one invocation runs them one after the other on the same machine, each in a
+process of its own, with the same configuration and data):
 
-- ``before``: ``inference.reuse_between_refreshes: false`` — every refresh builds the model
-  from the store and tokenises every shard again (the code path before issue 31);
-- ``after``: the defaults.
+- ``before``: the code of ``--before-rev`` (default ``HEAD``, the last commit without this
+  working tree's changes), unpacked by ``git archive`` into a temporary directory and put
+  first on the run's ``PYTHONPATH``, launcher and services alike;
+- ``after``: this working tree.
 
-    python bench/refresh_timeline.py --docs 1000 --steps 40 --refresh-every 10
+    python bench/refresh_timeline.py --docs 1000 --steps 30 --refresh-every 10
 
 ``--from-json FILE`` redraws the table and the figure from an earlier report. Writes
 ``refresh-timeline.json`` / ``.md`` / ``.png``.
@@ -22,10 +24,13 @@ Variants (one invocation runs them one after the other on the same machine):
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -47,7 +52,7 @@ from ance_train_dev.report import (
 
 REPO = Path(__file__).resolve().parents[1]
 
-VARIANTS = {"before": {"inference": {"reuse_between_refreshes": False}}, "after": {}}
+VARIANTS = ("before", "after")
 # Inferencer rows: drawn shard by shard (the times of shard.encoded that bound them).
 SHARD_PHASES = {"model load": ("claimed_at", "loaded_at"),
                 "tokenize": ("loaded_at", "tokenized_at"),
@@ -62,11 +67,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--docs", type=int, default=1000, help="first N SciFact documents")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--refresh-every", type=int, default=10)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--before-rev", default="HEAD",
+                        help="the git revision whose code the before variant runs")
     parser.add_argument("--max-minutes", type=float, default=15.0, help="per run")
     parser.add_argument("--from-json", type=Path, help="redraw from this report")
     parser.add_argument("--out", type=Path, default=REPO / "docs/benchmarks")
+    # One variant's run, in a process of its own (what the parent starts).
+    parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--slice", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def unpack_revision(rev: str, directory: Path) -> str:
+    """``src/`` of git revision ``rev`` into ``directory``; returns the commit it names."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO,
+                            check=True, capture_output=True, text=True).stdout.strip()
+    archive = subprocess.run(["git", "archive", "--format=tar", commit, "src"], cwd=REPO,
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
+    return commit
+
+
+def run_variant(args: argparse.Namespace, data: Path, root: Path, variant: str,
+                code: Path | None) -> dict:
+    """Run ``variant`` in a child process, its code from ``code`` (None: this tree)."""
+    result = root / f"{variant}.json"
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(code / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    subprocess.run([sys.executable, __file__, "--worker", variant, "--slice", str(data),
+                    "--work", str(root), "--result", str(result), "--model", args.model,
+                    "--docs", str(args.docs), "--steps", str(args.steps),
+                    "--refresh-every", str(args.refresh_every),
+                    "--max-minutes", str(args.max_minutes)], env=env, check=True)
+    return json.loads(result.read_text())
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One variant's run (in the code this process imported), its result as JSON."""
+    import ance_train
+
+    print(f"{args.worker}: ance_train from {Path(ance_train.__file__).parent}",
+          file=sys.stderr)
+    run = one_run(args, args.slice, args.work, args.worker)
+    args.result.write_text(json.dumps(run))
+    return 0
 
 
 def run_config(args: argparse.Namespace, data: Path, root: Path, variant: str) -> dict:
@@ -76,8 +126,6 @@ def run_config(args: argparse.Namespace, data: Path, root: Path, variant: str) -
     config["model"] = {**config.get("model", {}), "path": args.model}
     config["training"] = {**config["training"], "steps": args.steps,
                           "refresh_every": args.refresh_every}
-    for section, values in VARIANTS[variant].items():
-        config[section] = {**config.get(section, {}), **values}
     return config
 
 
@@ -150,6 +198,8 @@ def render(report: dict) -> str:
         "Times are Unix wall-clock times of each process (one machine: one clock). Medians "
         "over the refreshes after the zero-shot one that the trainer swapped in "
         "(" + ", ".join(f"{n}: {summary[n]['refreshes']}" for n in names) + ").", "",
+        *([("Code: " + "; ".join(f"{n}: {p['code'][n]}" for n in names if n in p["code"])
+            + "."), ""] if p.get("code") else []),
         "**Fixed part** = the refresh (trainer's save starts → table swapped in by the "
         "trainer's feed) − the time some replica was encoding (union of the shards' encode "
         "intervals) − the index searches:", "",
@@ -233,16 +283,25 @@ def plot(report: dict, out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.worker:
+        return worker(args)
     if args.from_json:
         report = json.loads(args.from_json.read_text())
     else:
         runs = []
+        code: dict[str, str] = {"after": "this working tree"}
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             data = make_scifact_subset(root / "scifact-slice", max_docs=args.docs,
                                        max_queries=10_000)
+            before = None
+            if "before" in args.variants:
+                before = root / "before-code"
+                commit = unpack_revision(args.before_rev, before)
+                code["before"] = f"{args.before_rev} ({commit})"
             for variant in args.variants:
-                run = one_run(args, data, root, variant)
+                run = run_variant(args, data, root, variant,
+                                  before if variant == "before" else None)
                 runs.append(run)
                 print(f"{variant}: " + ", ".join(
                     f"refresh {t['step']} fixed {t['fixed_s']:.2f}s" for t in run["timelines"]),
@@ -250,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         report = {
             "command": command_line(), "date": utc_now(), "machine": machine("cpu"),
             "params": {"model": args.model, "docs": args.docs, "steps": args.steps,
-                       "refresh_every": args.refresh_every, "variants": args.variants},
+                       "refresh_every": args.refresh_every, "variants": args.variants,
+                       "code": code},
             "summary": {run["variant"]: summarise(run) for run in runs},
             "runs": runs,
         }

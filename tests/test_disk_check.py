@@ -114,22 +114,23 @@ def test_checkpoint_estimate_matches_what_save_writes(tmp_path: Path, tiny_model
         estimate = checkpoint_bytes(model, state(1).optimizer)
         params, _ = encoder_size(tiny_model)
         assert estimate >= 3 * 4 * params * 0.99  # float32 weights + AdamW's two moments
-        directory = publisher.save(1, model, tokenizer, state(1))
+        published = publisher.publish(1, model, tokenizer, state(1))
+        directory = publisher.local_dir / "1"
         written = tree_bytes(directory)
         tensors = sum(f.stat().st_size for f in directory.iterdir()
                       if f.suffix == ".safetensors")
         assert math.isclose(tensors, estimate, rel_tol=0.02), (tensors, estimate, written)
-        publisher.publish_async(1, directory)
         free = shutil.disk_usage(tmp_path).free
         # 1.5 checkpoints free: one fits, but not with its copy in the local store.
         with pytest.raises(InsufficientDisk) as info:
-            publisher.save(2, model, tokenizer, state(2),
-                           disk_usage=lambda _path: DiskUsage(free, 0, int(1.5 * estimate)))
+            publisher.publish(2, model, tokenizer, state(2),
+                              disk_usage=lambda _path: DiskUsage(free, 0, int(1.5 * estimate)))
         assert (f"not enough free disk for checkpoint 2 at {tmp_path / 'work' / 'checkpoints'}"
                 in str(info.value))
         assert "store.keep_checkpoints" in str(info.value)
         # What was produced before is kept: checkpoint 1 is complete in the store, and no
         # half-written checkpoint 2 exists.
+        assert published.done() and published.result() is True
         assert latest_complete_checkpoint(store) == 1
         assert not (tmp_path / "work" / "checkpoints" / "2").exists()
     finally:

@@ -23,10 +23,12 @@ import pytest
 
 from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.rpc import fetch_status
+from ance_train.infra.store import ObjectStore
 from ance_train.launcher.embedded import service_command
 from ance_train.launcher.ports import free_port
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished, EvalCompleted, NegativesReady
+from ance_train.trainer.checkpoints import latest_complete_checkpoint
 
 from ance_train_dev.fault_report import record_fault
 from ance_train_dev.ranks import rank_process
@@ -58,14 +60,16 @@ def _trainer_step(bus: EventBus) -> int:
         return -1
 
 
-def _kill_after(bus: EventBus, torchrun: subprocess.Popen, rank: int, checkpoint: int,
-                steps_past: int = 2) -> tuple[int, int]:
-    """SIGKILL ``rank`` once the trainer is ``steps_past`` steps beyond the published
-    ``checkpoint``; returns the step it was at and the killed pid."""
+def _kill_after(bus: EventBus, store: ObjectStore, torchrun: subprocess.Popen, rank: int,
+                checkpoint: int, steps_past: int = 2) -> tuple[int, int]:
+    """SIGKILL ``rank`` once the trainer is ``steps_past`` steps beyond the published and
+    complete ``checkpoint`` (its training state is stored after the announcement); returns
+    the step it was at and the killed pid."""
     def past() -> int:
         step = _trainer_step(bus)
         published = checkpoint in checkpoint_steps(bus, CheckpointPublished)
-        return step if published and step >= checkpoint + steps_past else 0
+        complete = (latest_complete_checkpoint(store) or -1) >= checkpoint
+        return step if published and complete and step >= checkpoint + steps_past else 0
 
     step = wait_until(past, 180, f"the trainer never got past checkpoint {checkpoint}",
                       interval_s=0.05)
@@ -100,14 +104,14 @@ def test_killed_ranks_restart_the_group_from_the_last_checkpoint(
         torchrun = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                     env={**harness.env(), **launch.env})
     try:
-        step_1, killed_1 = _kill_after(bus, torchrun, 1, REFRESH)
+        step_1, killed_1 = _kill_after(bus, harness.store, torchrun, 1, REFRESH)
         killed_at = time.monotonic()
         # The group comes back (new rank processes) and trains past the checkpoint again.
         wait_until(lambda: f"step {REFRESH + 1} loss" in _after(harness.log("trainer"),
                                                                 "group restart 1"),
                    120, "the restarted group never ran a step")
         recovery_s = time.monotonic() - killed_at
-        step_0, killed_0 = _kill_after(bus, torchrun, 0, 2 * REFRESH)
+        step_0, killed_0 = _kill_after(bus, harness.store, torchrun, 0, 2 * REFRESH)
         assert torchrun.wait(timeout=240) == 0, harness.log("trainer")[-4000:]
         wait_until(lambda: STEPS in checkpoint_steps(bus, EvalCompleted), 120,
                    "the final checkpoint was never evaluated")

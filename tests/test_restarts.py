@@ -2,7 +2,8 @@
 
 A real embedded run (redis-server, trainer, two inferencer replicas, two index partitions,
 each an OS process): an inferencer replica and index partition 1 are SIGKILLed in the middle
-of checkpoint 0's refresh and the trainer right after checkpoint 3 is published. The run
+of checkpoint 0's refresh and the trainer right after checkpoint 3 is published and complete
+(its training state stored, which follows the announcement). The run
 completes, every refresh is announced once, the trainer resumes from checkpoint 3 and the
 summary lists the three restarts. A service that crashes on every start (its gRPC port is
 taken) stops the run once its restart budget is spent, naming it.
@@ -29,6 +30,7 @@ from ance_train.protocol.events import (
     NegativesReady,
     ShardEncoded,
 )
+from ance_train.trainer.checkpoints import latest_complete_checkpoint
 
 from ance_train_dev.helpers import write_config
 from ance_train_dev.service_harness import wait_until
@@ -70,8 +72,10 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path: Path, sci
             for name in ("inferencer-0", "indexer-1"):
                 _kill(run, name)
                 killed.append(name)
-            wait_until(lambda: any(e.step == 3 for e in bus.history(CheckpointPublished)), 60,
-                       "checkpoint 3 not published", interval_s=0.05)
+            # Published (on its weights), then complete (its training state stored last).
+            wait_until(lambda: any(e.step == 3 for e in bus.history(CheckpointPublished))
+                       and latest_complete_checkpoint(run.store) == 3, 60,
+                       "checkpoint 3 not published and complete", interval_s=0.05)
             _kill(run, "trainer")
             killed.append("trainer")
         except BaseException as error:  # reported by the test's thread

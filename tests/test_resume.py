@@ -226,7 +226,7 @@ def test_stored_but_unannounced_checkpoint_is_announced_on_resume(
     bus = EventBus(connect(redis_server.url), "unannounced")
     stream = bus.stream(CheckpointPublished)
     lost = [e.entry_id for e in bus.history(CheckpointPublished) if e.step == K]
-    bus.client.xdel(stream, *lost)  # as if the trainer died between MANIFEST and event
+    bus.client.xdel(stream, *lost)  # as if its announcement failed (stored complete anyway)
     assert [e.step for e in bus.history(CheckpointPublished)] == [0]
     _trainer(harness, "c").run()
     assert [e.step for e in bus.history(CheckpointPublished)] == [0, K, K + 2]

@@ -19,13 +19,14 @@ from ance_train.infra.rpc import GrpcServer, ServiceState, fetch_status
 from ance_train.infra.store import LocalStore, ObjectStore, S3Store
 from ance_train.negatives.table import NegativesTable
 from ance_train.protocol import keys
+from ance_train.protocol.checkpoints import complete_checkpoints
 from ance_train.protocol.events import (
     EvalCompleted,
     NegativesReady,
     RunFinished,
     TablesInUse,
 )
-from ance_train.protocol.retention import checkpoints_to_delete, complete_checkpoints
+from ance_train.protocol.retention import checkpoints_to_delete
 from ance_train.protocol.tables import TableId
 from ance_train.trainer.negatives_feed import NegativesFeed, TablesAnnouncer
 

@@ -15,8 +15,8 @@ import ance_train
 from ance_train.infra.rpc import fetch_status
 from ance_train.infra.store import LocalStore
 from ance_train.protocol import keys
+from ance_train.protocol.checkpoints import complete_checkpoints
 from ance_train.protocol.embeddings import stored_dtype
-from ance_train.protocol.retention import complete_checkpoints
 from ance_train.protocol.tables import TableId
 
 pytestmark = pytest.mark.e2e

@@ -32,6 +32,7 @@ from ance_train.launcher.embedded import RESUME_SAFE_FIELDS, resume_conflicts
 from ance_train.negatives.table import NegativesTable
 from ance_train.protocol import keys
 from ance_train.protocol.events import CheckpointPublished, NegativesReady
+from ance_train.trainer.checkpoints import latest_complete_checkpoint
 
 from ance_train_dev.helpers import write_config
 from ance_train_dev.service_harness import processes_mentioning, wait_until
@@ -89,6 +90,10 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path: Path, scifact_s
             try:
                 published = [e.step for e in bus.history(CheckpointPublished)] if bus else []
                 if not any(step >= REFRESH for step in published):
+                    return None
+                # Its training state, stored after the announcement, too.
+                complete = latest_complete_checkpoint(LocalStore(RUN_ID, run_dir / "store"))
+                if complete is None or complete < REFRESH:
                     return None
                 return published, [r.event for r in bus.history(NegativesReady)]
             except Exception:  # Redis not up yet

@@ -216,9 +216,9 @@ def test_put_dir_writes_manifest_last(store: ObjectStore, tmp_path: Path) -> Non
     order: list[str] = []
     real_put_file, real_put_bytes = store.put_file, store.put_bytes
 
-    def put_file(key: str, path: str | os.PathLike[str]) -> str:
+    def put_file(key: str, path: str | os.PathLike[str], share: bool = False) -> str:
         order.append(key)
-        return real_put_file(key, path)
+        return real_put_file(key, path, share=share)
 
     def put_bytes(key: str, data: bytes) -> str:
         order.append(key)

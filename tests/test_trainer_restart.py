@@ -63,7 +63,9 @@ def test_killed_trainer_resumes_from_its_last_checkpoint(tmp_path: Path, redis_s
     try:
         def steps_past_checkpoint() -> int:
             step = _status_step(bus, "trainer:trainer")
-            return step if step >= REFRESH + 3 and REFRESH in _published(bus) else 0
+            # Published, and complete: its training state is stored after the event.
+            complete = (latest_complete_checkpoint(harness.store) or -1) >= REFRESH
+            return step if step >= REFRESH + 3 and REFRESH in _published(bus) and complete else 0
 
         step_at_kill = wait_until(steps_past_checkpoint, 240,
                                   f"the trainer never got 3 steps past checkpoint {REFRESH}")

@@ -22,7 +22,6 @@ from ance_train.protocol.events import (
     TablesInUse,
 )
 from ance_train.protocol.retention import (
-    MANIFEST,
     UNKNOWN,
     TrainerFloor,
     checkpoints_to_delete,
@@ -70,7 +69,8 @@ def delete_refreshes(store: ObjectStore, built: Iterable[int], keep: int | None,
 
 def delete_checkpoints(store: ObjectStore, keep: int | None,
                        evaluated: Mapping[int, Mapping[str, Mapping[str, float]]]) -> Sweep:
-    """Delete the superseded checkpoints of ``store``: each one's MANIFEST first."""
+    """Delete the superseded checkpoints of ``store``: each one's MANIFEST.json first, then
+    its WEIGHTS.json (:mod:`ance_train.protocol.checkpoints`), then its files."""
     if keep is None:
         return Sweep([], 0)
     sizes = store.sizes(keys.CHECKPOINTS)
@@ -78,11 +78,11 @@ def delete_checkpoints(store: ObjectStore, keep: int | None,
     doomed: list[str] = []
     for step in steps:
         prefix = keys.checkpoint(step) + "/"
-        manifest = f"{prefix}{MANIFEST}"
-        rest = sorted(k for k in sizes if k.startswith(prefix) and k != manifest)
-        for key in [manifest, *rest]:
+        manifests = [keys.checkpoint_manifest(step), keys.checkpoint_weights_manifest(step)]
+        rest = sorted(k for k in sizes if k.startswith(prefix) and k not in manifests)
+        for key in [*manifests, *rest]:
             store.delete(key)
-        doomed += [manifest, *rest]
+        doomed += [k for k in manifests if k in sizes] + rest
     if doomed:
         log.info("retention: deleted checkpoints %s (%d bytes)", steps,
                  sum(sizes.get(k, 0) for k in doomed))

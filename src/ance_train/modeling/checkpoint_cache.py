@@ -1,8 +1,13 @@
 """Loads the model of a published checkpoint from the object store, keeping the latest one.
 
+A checkpoint's model is read against its ``WEIGHTS.json``, written before the checkpoint is
+announced and while its training state is still uploading (``MANIFEST.json`` for one stored
+before ``WEIGHTS.json`` existed; :mod:`ance_train.protocol.checkpoints`): an encoder never
+waits for, nor reads, the optimizer state.
+
 With ``reuse`` (the inferencer's ``inference.reuse_between_refreshes``) the model stays
 resident between checkpoints: when a new checkpoint differs from the one loaded only in its
-weights (every other file of its MANIFEST has the same sha256: config, tokenizer, pooling and
+weights (every other file of its manifest has the same sha256: config, tokenizer, pooling and
 prompts), only ``model.safetensors`` (and the projection head) is downloaded and copied into
 the resident model, already converted (bf16 rounds the same way either way, so the result is
 the model a full load gives, bit for bit: ``tests/test_encoding.py``). Anything else, or a
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ance_train.config import ModelConfig
-from ance_train.infra.store import MANIFEST_NAME, CorruptObject, ObjectStore
+from ance_train.infra.store import CorruptObject, ObjectNotFound, ObjectStore
 from ance_train.protocol import keys
 
 if TYPE_CHECKING:  # torch and transformers are imported on the first load: an indexer that
@@ -30,13 +35,34 @@ if TYPE_CHECKING:  # torch and transformers are imported on the first load: an i
 
     from ance_train.modeling.model import BiEncoder
 
-# The trainer's resume state (optimizer moments: about twice the weights' size) is written
-# into every checkpoint as ``training_state.*``; a model used for encoding never needs it.
-TRAINING_STATE_PREFIX = "training_state."
 # What changes from one checkpoint to the next of a run: the encoder's and the head's weights.
 ENCODER_WEIGHTS = "model.safetensors"
 HEAD_WEIGHTS = "ance_head.safetensors"  # modeling.model.HEAD_FILE
 WEIGHT_FILES = (ENCODER_WEIGHTS, HEAD_WEIGHTS)
+
+
+def weights_manifest(store: ObjectStore, step: int) -> tuple[str, dict]:
+    """The name and content of the manifest that lists checkpoint ``step``'s model files:
+    its WEIGHTS.json, or MANIFEST.json in a checkpoint stored before WEIGHTS.json existed
+    (ObjectNotFound when it has neither)."""
+    try:
+        return (keys.CHECKPOINT_WEIGHTS_MANIFEST,
+                store.get_json(keys.checkpoint_weights_manifest(step)))
+    except ObjectNotFound:
+        return keys.CHECKPOINT_MANIFEST, store.get_json(keys.checkpoint_manifest(step))
+
+
+def download_model(store: ObjectStore, step: int, directory: Path) -> dict:
+    """Download checkpoint ``step``'s model (every file but the training state) into
+    ``directory``, verified against :func:`weights_manifest`; returns that manifest."""
+    prefix = keys.checkpoint(step)
+    try:
+        return store.get_dir(prefix, directory, skip=keys.is_training_state,
+                             manifest_name=keys.CHECKPOINT_WEIGHTS_MANIFEST)
+    except ObjectNotFound:
+        if store.exists(keys.checkpoint_weights_manifest(step)):
+            raise  # an object it lists is missing
+        return store.get_dir(prefix, directory, skip=keys.is_training_state)
 
 
 class ModelCache:
@@ -73,9 +99,7 @@ class ModelCache:
             if self.step != step:
                 local = self.directory / str(step)
                 if not (self.reuse and self._replace_weights(step)):
-                    manifest = self.store.get_dir(
-                        keys.checkpoint(step), local,
-                        skip=lambda rel: rel.startswith(TRAINING_STATE_PREFIX))
+                    manifest = download_model(self.store, step, local)
                     model = BiEncoder.from_pretrained(local, self.config).to(self.device).eval()
                     if self.prepare is not None:
                         model = self.prepare(model)
@@ -90,7 +114,7 @@ class ModelCache:
 
     def _remember(self, manifest: dict) -> None:
         others = {rel: info["sha256"] for rel, info in manifest["files"].items()
-                  if rel not in WEIGHT_FILES and not rel.startswith(TRAINING_STATE_PREFIX)}
+                  if rel not in WEIGHT_FILES and not keys.is_training_state(rel)}
         self._others = others
         self.fingerprint = hashlib.sha256(json.dumps(others, sort_keys=True).encode()
                                           ).hexdigest()
@@ -104,12 +128,12 @@ class ModelCache:
         if self.model is None or self._others is None:
             return False
         prefix = keys.checkpoint(step)
-        manifest = self.store.get_json(f"{prefix}/{MANIFEST_NAME}")
+        _, manifest = weights_manifest(self.store, step)
         files = manifest.get("files") if isinstance(manifest, dict) else None
         if not isinstance(files, dict) or ENCODER_WEIGHTS not in files:
             return False
         others = {rel: info.get("sha256") for rel, info in files.items()
-                  if rel not in WEIGHT_FILES and not rel.startswith(TRAINING_STATE_PREFIX)}
+                  if rel not in WEIGHT_FILES and not keys.is_training_state(rel)}
         head = HEAD_WEIGHTS in files
         if others != self._others or head != (self.model.projection is not None):
             return False

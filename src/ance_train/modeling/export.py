@@ -13,7 +13,8 @@ configuration) and ``eval_results.json`` (the eval report, as the indexer wrote 
 ``HF_TOKEN`` as huggingface_hub reads them).
 
 ``best`` is the checkpoint with the highest dev nDCG@10 (never test: the test split is only
-reported); ``last`` the newest complete checkpoint; a number that exact step.
+reported); ``last`` the newest checkpoint whose model is stored (its ``WEIGHTS.json``: the
+training state, which the export leaves out, need not be); a number that exact step.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from typing import TYPE_CHECKING, cast
 import yaml
 
 from ance_train.config import ConfigError, RunConfig, default_model_path, parse_config
-from ance_train.infra.store import MANIFEST_NAME, ObjectNotFound, ObjectStore
+from ance_train.infra.store import ObjectNotFound, ObjectStore
+from ance_train.modeling.checkpoint_cache import download_model
 from ance_train.modeling.model import META_FILE
 from ance_train.protocol import keys
+from ance_train.protocol.checkpoints import loadable_checkpoints
 from ance_train.protocol.retention import BEST_MEASURE, BEST_SPLIT
 
 if TYPE_CHECKING:
@@ -79,11 +82,10 @@ class ExportError(ValueError):
     """The run, checkpoint or output directory cannot be exported; the message says which."""
 
 
-def complete_checkpoints(store: ObjectStore) -> list[int]:
-    """Steps of the checkpoints whose MANIFEST (written last) is stored, ascending."""
-    steps = {keys.checkpoint_step(key) for key in store.list(keys.CHECKPOINTS)
-             if key.endswith(f"/{MANIFEST_NAME}") and key.count("/") == 2}
-    return sorted(step for step in steps if step is not None)
+def exportable_checkpoints(store: ObjectStore) -> list[int]:
+    """Steps of the checkpoints whose model is stored whole (their WEIGHTS.json or
+    MANIFEST.json is: :mod:`ance_train.protocol.checkpoints`), ascending."""
+    return loadable_checkpoints(store.list(keys.CHECKPOINTS))
 
 
 def eval_reports(store: ObjectStore) -> dict[int, dict]:
@@ -99,7 +101,7 @@ def eval_reports(store: ObjectStore) -> dict[int, dict]:
 def select_checkpoint(store: ObjectStore, which: str) -> int:
     """``best`` (highest dev nDCG@10), ``last`` or a step number → a complete checkpoint."""
     run = store.run_id
-    steps = complete_checkpoints(store)
+    steps = exportable_checkpoints(store)
     if not steps:
         raise ExportError(f"run {run!r} has no complete checkpoint in {store!r}")
     if which == "last":
@@ -154,10 +156,7 @@ def export_checkpoint(store: ObjectStore, which: str, out: Path,
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out.parent if out.parent.is_dir()
                                     else None))
     try:
-        store.get_dir(keys.checkpoint(step), staging,
-                      skip=lambda rel: rel in (keys.TRAINING_STATE_JSON,
-                                              keys.TRAINING_STATE_TENSORS))
-        (staging / MANIFEST_NAME).unlink(missing_ok=True)
+        download_model(store, step, staging)
         meta = json.loads((staging / META_FILE).read_text()) if (
             staging / META_FILE).is_file() else {}
         if meta.get("projection_dim"):

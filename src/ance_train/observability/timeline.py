@@ -9,7 +9,8 @@ network), which bounds the error of a wait between two roles.
 The times travel with what the services already exchange:
 
 - save, upload, announce: the trainer (:mod:`ance_train.trainer.checkpoints`), in
-  ``checkpoint.published`` (``save_started_at`` … ``published_at``);
+  ``checkpoint.published`` (``save_started_at`` … ``published_at``): the model's files, what
+  the announcement waits for (the training state is saved and uploaded after it);
 - model load, tokenize, encode, shard upload, per shard: the inferencer, in ``shard.encoded``
   (``claimed_at`` … ``finished_at``);
 - index build, search, mining, evaluation, negatives.ready: the indexer, in

@@ -41,10 +41,12 @@ class CheckpointPublished(Event):
     key: str  # the checkpoint's prefix in the store
     plan: RefreshPlan
     # The refresh timeline (:mod:`ance_train.observability.timeline`), Unix wall-clock times
-    # of the trainer: the local save in the loop, the upload on the publisher thread, and the
-    # moment its work was about to be queued (replicas may claim it from then on; this event
-    # follows). None: not recorded (an older trainer, or a checkpoint announced again by a
-    # restarted trainer).
+    # of the trainer: the local save of the model's files in the loop, their upload on the
+    # publisher thread (up to WEIGHTS.json), and the moment its work was about to be queued
+    # (replicas may claim it from then on; this event follows). The training state is saved
+    # and uploaded after these, MANIFEST.json last (:mod:`ance_train.protocol.checkpoints`).
+    # None: not recorded (an older trainer, or a checkpoint announced again by a restarted
+    # trainer).
     save_started_at: float | None = None
     saved_at: float | None = None
     upload_started_at: float | None = None

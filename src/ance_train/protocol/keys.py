@@ -35,14 +35,40 @@ BASE_MODEL_SOURCE = "model/source.json"
 
 
 def checkpoint(step: int) -> str:
-    """The prefix of checkpoint ``step`` (a Hugging Face model directory + MANIFEST.json)."""
+    """The prefix of checkpoint ``step``: a Hugging Face model directory, the training state
+    and two manifests (below)."""
     return f"{CHECKPOINTS}/{int(step)}"
 
 
 # The trainer's resumable state in a checkpoint directory, beside the model's files (what
-# ``ance-train export`` leaves out of an exported model).
+# ``ance-train export`` leaves out of an exported model, and an inferencer never loads).
 TRAINING_STATE_JSON = "training_state.json"
 TRAINING_STATE_TENSORS = "training_state.safetensors"
+TRAINING_STATE_FILES = (TRAINING_STATE_JSON, TRAINING_STATE_TENSORS)
+
+# A checkpoint's two manifests, in the store's format (``{"version": 1, "files": {rel:
+# {"sha256", "size"}}}``, infra/store). WEIGHTS.json lists the model's files (every file
+# but the training state) and is written once they are stored, before the checkpoint is
+# announced: what inferencers, the indexer's Search and `ance-train export` read.
+# MANIFEST.json lists every file, the training state too, and is written last, after the
+# announcement: only then is the checkpoint complete, one a restarted trainer may resume
+# from (the order: trainer/checkpoints.py; what is stored: protocol/checkpoints.py).
+CHECKPOINT_WEIGHTS_MANIFEST = "WEIGHTS.json"
+CHECKPOINT_MANIFEST = "MANIFEST.json"
+
+
+def checkpoint_weights_manifest(step: int) -> str:
+    return f"{checkpoint(step)}/{CHECKPOINT_WEIGHTS_MANIFEST}"
+
+
+def checkpoint_manifest(step: int) -> str:
+    return f"{checkpoint(step)}/{CHECKPOINT_MANIFEST}"
+
+
+def is_training_state(rel: str) -> bool:
+    """Whether ``rel``, a path inside a checkpoint directory, is part of the training state
+    (not listed by WEIGHTS.json)."""
+    return rel in TRAINING_STATE_FILES
 
 
 def checkpoint_step(key: str) -> int | None:

@@ -30,8 +30,13 @@ that knows that, so each service deletes only its own kind:
   ones (the newest is what a restarted trainer resumes from), the best by dev nDCG@10 (what
   ``ance-train export --checkpoint best`` picks), the newest evaluated one (the indexer's
   Search encodes queries with it), or newer than the newest evaluated one (its refresh may
-  be in flight: inferencers load it). A checkpoint's ``MANIFEST.json`` is deleted first, so
-  nobody takes a half-deleted checkpoint for a complete one.
+  be in flight: inferencers load it). A checkpoint with ``WEIGHTS.json`` alone
+  (:mod:`ance_train.protocol.checkpoints`) is not a resume point, so it never counts among
+  the newest ``keep_checkpoints``; it may go, under the same rules, only once a newer
+  checkpoint is complete (the trainer uploads checkpoints one at a time in step order, so
+  its training state is then no longer on its way: its trainer died). A checkpoint's
+  ``MANIFEST.json`` is deleted first, then its ``WEIGHTS.json``, so nobody takes a
+  half-deleted checkpoint for a complete or a loadable one.
 
 ``None`` keeps everything (nothing is even listed).
 
@@ -45,11 +50,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ance_train.protocol import keys
+from ance_train.protocol.checkpoints import Stored, stored_checkpoints
 
 # How "best" is chosen, here and by `ance-train export --checkpoint best`: never on test.
 BEST_SPLIT = "dev"
 BEST_MEASURE = "ndcg@10"
-MANIFEST = "MANIFEST.json"
 
 
 class _Unknown:
@@ -89,24 +94,18 @@ def best_checkpoint(metrics: Mapping[int, Mapping[str, Mapping[str, float]]]) ->
     return max(scored)[1] if scored else None
 
 
-def complete_checkpoints(stored: Iterable[str]) -> list[int]:
-    """Steps of the checkpoints whose MANIFEST (written last) is among ``stored``."""
-    steps = {keys.checkpoint_step(key) for key in stored
-             if key.endswith(f"/{MANIFEST}") and key.count("/") == 2}
-    return sorted(step for step in steps if step is not None)
-
-
 def checkpoints_to_delete(stored: Iterable[str], keep: int | None,
                           evaluated: Mapping[int, Mapping[str, Mapping[str, float]]]
                           ) -> list[int]:
-    """The complete checkpoints that may go (rules in the module docstring).
+    """The checkpoints that may go (rules in the module docstring), ascending.
 
     ``stored``: the keys under ``checkpoints/``; ``evaluated``: the metrics of every
     ``eval.completed`` by step (split → measure → value).
     """
     if keep is None:
         return []
-    complete = complete_checkpoints(stored)
+    stages = stored_checkpoints(stored)
+    complete = sorted(step for step, stage in stages.items() if stage is Stored.COMPLETE)
     protected = set(complete[-keep:])
     if not evaluated:
         return []  # every checkpoint's refresh may still be in flight
@@ -115,4 +114,8 @@ def checkpoints_to_delete(stored: Iterable[str], keep: int | None,
     best = best_checkpoint(evaluated)
     if best is not None:
         protected.add(best)
-    return [step for step in complete if step < newest_evaluated and step not in protected]
+    # WEIGHTS.json alone: its state may still be uploading unless a newer one is complete.
+    settled = [step for step in stages
+               if stages[step] is Stored.COMPLETE or (complete and step < complete[-1])]
+    return sorted(step for step in settled
+                  if step < newest_evaluated and step not in protected)

@@ -438,15 +438,17 @@ class Trainer:
         self.tables.checkpoint_saved(step, (state.negatives.ann, state.negatives.dual))
         if self.threads is not None:
             self.threads.checkpoint_saved(step)
-        directory = self.publisher.save(step, self.model, self.tokenizer, state)
-        self.publisher.publish_async(step, directory).add_done_callback(
+        self.publisher.publish(step, self.model, self.tokenizer, state).add_done_callback(
             functools.partial(self._published, step))
         self.ctx.state.update(checkpoint_step=step)
         self.tracking.flush()
 
-    def _published(self, step: int, upload: Future) -> None:
-        """On the publisher thread, once checkpoint ``step`` is stored and announced."""
+    def _published(self, step: int, upload: Future[bool]) -> None:
+        """On the publisher thread, once checkpoint ``step`` is announced and complete in the
+        store (its training state too)."""
         if upload.exception() is not None:  # a failed upload surfaces in publisher.flush()
+            return
+        if not upload.result():  # announced by a trainer that died before its state was in
             return
         self.telemetry.checkpoint_published(step)
         self.tables.checkpoint_complete(step)

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -167,8 +167,14 @@ class ObjectStore(abc.ABC):
         """Return the object's bytes after verifying its sha256 (CorruptObject on mismatch)."""
 
     @abc.abstractmethod
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> str:
-        """Upload a local file under ``key``; return its sha256."""
+    def put_file(self, key: str, path: str | os.PathLike[str], share: bool = False) -> str:
+        """Upload a local file under ``key``; return its sha256.
+
+        ``share``: the caller will never modify ``path`` in place (it may delete it or
+        replace it by a rename), so a store on the same filesystem may keep ``path``'s
+        bytes themselves (a hard link) instead of a copy. A file changed in place anyway
+        makes the object corrupt (its checksum no longer matches), never silently different.
+        """
 
     @abc.abstractmethod
     def _download_to(self, key: str, f: IO[bytes]) -> str:
@@ -242,18 +248,16 @@ class ObjectStore(abc.ABC):
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CorruptObject(f"object {key!r} is not valid JSON: {e}") from e
 
-    def put_dir(self, prefix: str, directory: str | os.PathLike[str]) -> dict[str, Any]:
-        """Upload every file under ``directory`` (recursively) to ``<prefix>/<relative path>``.
-
-        ``<prefix>/MANIFEST.json`` (``{"version": 1, "files": {rel: {"sha256", "size"}}}``)
-        is deleted first and written last, so a reader never sees a half-uploaded
-        directory as complete.  Returns the manifest.
-        """
-        prefix = _validate_prefix(prefix)
+    @staticmethod
+    def dir_files(directory: str | os.PathLike[str],
+                  reserved: Iterable[str] = (MANIFEST_NAME,)) -> builtins.list[str]:
+        """The relative paths (``/``-separated, sorted) of every file under ``directory``,
+        each a valid key; a file named like a manifest (``reserved``) is refused."""
         root = Path(directory)
         if not root.is_dir():
             raise StorageError(f"put_dir: {str(root)!r} is not a directory")
-        rels: list[tuple[str, Path]] = []
+        reserved = set(reserved)
+        rels: builtins.list[str] = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()
             for name in filenames:
@@ -262,33 +266,61 @@ class ObjectStore(abc.ABC):
                     continue
                 rel = p.relative_to(root).as_posix()
                 validate_key(rel)
-                if rel == MANIFEST_NAME:
+                if rel in reserved:
                     raise StorageError(
-                        f"put_dir: {str(root)!r} contains {MANIFEST_NAME}, a reserved name"
+                        f"put_dir: {str(root)!r} contains {rel}, a reserved name"
                     )
-                rels.append((rel, p))
-        rels.sort()
-        manifest_key = _join(prefix, MANIFEST_NAME)
-        self.delete(manifest_key)
+                rels.append(rel)
+        return sorted(rels)
+
+    def put_files(self, prefix: str, directory: str | os.PathLike[str], rels: Iterable[str],
+                  share: bool = False) -> dict[str, dict[str, Any]]:
+        """Upload the files ``rels`` of ``directory`` to ``<prefix>/<rel>``; return their
+        manifest entries (``{rel: {"sha256", "size"}}``). No manifest is written
+        (:meth:`put_manifest` does); ``share`` as in :meth:`put_file`."""
+        prefix = _validate_prefix(prefix)
+        root = Path(directory)
         files: dict[str, dict[str, Any]] = {}
-        for rel, p in rels:
-            sha = self.put_file(_join(prefix, rel), p)
+        for rel in rels:
+            p = root / rel
+            key = _join(prefix, validate_key(rel))
+            sha = self.put_file(key, p, share=True) if share else self.put_file(key, p)
             files[rel] = {"sha256": sha, "size": p.stat().st_size}
-        manifest = {"version": 1, "files": files}
-        self.put_json(manifest_key, manifest)
+        return files
+
+    def put_manifest(self, prefix: str, files: Mapping[str, Mapping[str, Any]],
+                     name: str = MANIFEST_NAME) -> dict[str, Any]:
+        """Write ``<prefix>/<name>``, the manifest of ``files`` (entries of
+        :meth:`put_files`): ``{"version": 1, "files": {rel: {"sha256", "size"}}}``."""
+        manifest = {"version": 1, "files": {rel: dict(info) for rel, info in files.items()}}
+        self.put_json(_join(_validate_prefix(prefix), validate_key(name)), manifest)
         return manifest
 
-    def get_dir(self, prefix: str, directory: str | os.PathLike[str],
-                skip: Callable[[str], bool] | None = None) -> dict[str, Any]:
-        """Download a directory written by :meth:`put_dir` into ``directory``.
+    def put_dir(self, prefix: str, directory: str | os.PathLike[str],
+                share: bool = False) -> dict[str, Any]:
+        """Upload every file under ``directory`` (recursively) to ``<prefix>/<relative path>``.
 
-        Requires ``<prefix>/MANIFEST.json`` (ObjectNotFound otherwise); every file is
-        verified against its own checksum and against the manifest.  Files whose relative
-        path ``skip`` accepts are not downloaded (an inferencer needs no optimizer state).
-        Returns the manifest.
+        ``<prefix>/MANIFEST.json`` (``{"version": 1, "files": {rel: {"sha256", "size"}}}``)
+        is deleted first and written last, so a reader never sees a half-uploaded
+        directory as complete.  Returns the manifest. ``share`` as in :meth:`put_file`.
         """
         prefix = _validate_prefix(prefix)
-        manifest_key = _join(prefix, MANIFEST_NAME)
+        rels = self.dir_files(directory)
+        self.delete(_join(prefix, MANIFEST_NAME))
+        return self.put_manifest(prefix, self.put_files(prefix, directory, rels, share=share))
+
+    def get_dir(self, prefix: str, directory: str | os.PathLike[str],
+                skip: Callable[[str], bool] | None = None,
+                manifest_name: str = MANIFEST_NAME) -> dict[str, Any]:
+        """Download a directory written by :meth:`put_dir` into ``directory``.
+
+        Requires ``<prefix>/<manifest_name>`` (``MANIFEST.json`` unless told; ObjectNotFound
+        otherwise) and downloads the files it lists; every file is verified against its own
+        checksum and against the manifest.  Files whose relative path ``skip`` accepts are
+        not downloaded (an inferencer needs no optimizer state). Returns the manifest.
+        """
+        prefix = _validate_prefix(prefix)
+        manifest_key = _join(prefix, validate_key(manifest_name))
         manifest = self.get_json(manifest_key)
         files = manifest.get("files") if isinstance(manifest, dict) else None
         if not isinstance(files, dict):

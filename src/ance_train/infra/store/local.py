@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -24,11 +25,39 @@ from ance_train.infra.store.base import (
 )
 
 
+def _link_hashed(source: Path, path: Path) -> str | None:
+    """Hard-link ``source`` to a temp name beside ``path``, hash and fsync it, rename it to
+    ``path``; its sha256, or None where no link can be made (the caller copies instead)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}{_TMP_MARKER}")
+    try:
+        os.link(source, tmp)
+    except OSError:  # EXDEV (another filesystem), EPERM / ENOTSUP (no hard links), ...
+        return None
+    try:
+        with open(tmp, "rb") as f:
+            sha, _ = _copy_hashed(f)
+            os.fsync(f.fileno())  # the bytes are on disk before the sidecar says so
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return sha
+
+
 class LocalStore(ObjectStore):
     """Objects as files under ``root/<run_id>/<key>`` with a ``<key>.sha256`` sidecar.
 
     The sidecar is written after the data (both via temp file + fsync + ``os.replace``);
     a data file without a sidecar is an incomplete write and is treated as absent.
+
+    ``put_file(..., share=True)`` (the trainer's checkpoints) hard-links the caller's file
+    instead of copying it when both are on one filesystem: the object and the caller's file
+    are then the same bytes, which is safe because the caller never writes into that file
+    again and the store never writes into an object (every write is a new file renamed over
+    the key; a delete only unlinks). Anywhere a link fails (another filesystem, a filesystem
+    without hard links) the file is copied as always.
     """
 
     def __init__(self, run_id: str, root: str | os.PathLike[str]) -> None:
@@ -62,15 +91,20 @@ class LocalStore(ObjectStore):
         except OSError as e:
             raise StorageError(f"{op} {key!r} failed: {e}") from e
 
-    def _commit(self, key: str, write_data: Callable[[IO[bytes]], str]) -> str:
+    def _commit(self, key: str, write_data: Callable[[IO[bytes]], str],
+                link_from: Path | None = None) -> str:
         """The one way an object is written: ``write_data`` writes the bytes into a temp file
-        and returns their sha256; the file replaces the data, then the sidecar is written."""
+        and returns their sha256 (or, with ``link_from``, that file is hard-linked to the
+        temp name and hashed, ``write_data`` being the fallback where a link fails); the
+        file replaces the data, then the sidecar is written."""
         path = self._path(key)
         sidecar = self._sidecar(path)
         with self._errors("put", key):
             # Drop the old checksum first: while the data is replaced the object is absent.
             sidecar.unlink(missing_ok=True)
-            sha = atomic_write(path, write_data, suffix=_TMP_MARKER)
+            sha = None if link_from is None else _link_hashed(link_from, path)
+            if sha is None:
+                sha = atomic_write(path, write_data, suffix=_TMP_MARKER)
             atomic_write(sidecar, lambda f: f.write(sha.encode("ascii") + b"\n"),
                          suffix=_TMP_MARKER)
             _fsync_dir(path.parent)
@@ -87,11 +121,13 @@ class LocalStore(ObjectStore):
 
         return self._commit(key, write)
 
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> str:
-        """Copy a local file into the store (hashing while copying); return its sha256."""
+    def put_file(self, key: str, path: str | os.PathLike[str], share: bool = False) -> str:
+        """Copy a local file into the store (hashing while copying), or with ``share``
+        hard-link it where the filesystem allows (class docstring); return its sha256."""
         validate_key(key)
         with open(path, "rb") as src:
-            return self._commit(key, lambda f: _copy_hashed(src, f)[0])
+            return self._commit(key, lambda f: _copy_hashed(src, f)[0],
+                                link_from=Path(path) if share else None)
 
     def _read_sidecar(self, key: str, path: Path) -> str:
         with self._errors("get", key):

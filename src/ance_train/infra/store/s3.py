@@ -243,8 +243,9 @@ class S3Store(ObjectStore):
         )
         return sha
 
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> str:
-        """Upload a local file with its sha256 in the metadata; return the sha256."""
+    def put_file(self, key: str, path: str | os.PathLike[str], share: bool = False) -> str:
+        """Upload a local file with its sha256 in the metadata; return the sha256 (``share``
+        changes nothing: the bytes always travel)."""
         name = self.full_key(key)
         src = Path(path)
         sha, size = _hash_file(src)
