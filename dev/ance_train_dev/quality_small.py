@@ -124,6 +124,15 @@ def summarise(path: Path) -> dict:
             "test_queries": significance.get("test_queries")}
 
 
+def _machine(machine: object) -> str:
+    if not isinstance(machine, dict):
+        return str(machine)
+    flags = ", ".join(machine.get("cpu_flags") or [])
+    return (f"{machine.get('cpu')}, {machine.get('cores')} cores"
+            + (f" ({flags})" if flags else "") + f", GPU {machine.get('gpu') or 'none'}, "
+            f"torch {machine.get('torch')}")
+
+
 def _cell(stats: dict) -> str:
     return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
 
@@ -152,7 +161,7 @@ def render(datasets: list[dict]) -> str:
         lines += [f"## {display_name(data['dataset'])}", "",
                   f"Report `{data['report']}` (profile `{data['profile']}`, budget "
                   f"{json.dumps(budget)}), {data['test_queries']} test queries; "
-                  f"machine {data['machine']}, {data['date']}. Dev nDCG@10 at zero-shot "
+                  f"machine {_machine(data['machine'])}, {data['date']}. Dev nDCG@10 at zero-shot "
                   f"has a 95 % interval of ±{noise:.3f}." if noise is not None else "", "",
                   "| system | test nDCG@10 (best on dev) | checkpoints | test (earliest) | "
                   "checkpoints (earliest) | dev (best) | Δ vs zero-shot | Δ vs peer |",
