@@ -835,6 +835,14 @@ class InferenceConfig(_Strict):
                     "encoded (4 bytes a token); shards beyond it are tokenised again at each "
                     "refresh. 0: no cache.",
     )
+    warm_token_cache: bool = Field(
+        True,
+        description="An idle replica tokenises, a few texts at a time between looks at the "
+                    "work queue, every shard of the run it has not encoded yet into its token "
+                    "cache (until the cache is full), so no refresh tokenises a shard on its "
+                    "critical path; an item waits at most for the slice in hand. false: a "
+                    "shard is tokenised the first time the replica encodes it.",
+    )
 
 
 class IvfConfig(_Strict):

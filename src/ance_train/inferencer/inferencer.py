@@ -15,6 +15,10 @@ Between refreshes (``inference.reuse_between_refreshes``) a replica keeps its en
 and loads only the new weights (:class:`~ance_train.modeling.checkpoint_cache.ModelCache`),
 and keeps the token ids of the shards it encoded (:class:`TokenCache`): the corpus and the
 queries never change within a run, nor, unless a checkpoint says otherwise, the tokenizer.
+An idle replica (no item to claim) fills that cache with every other shard of the run
+(``inference.warm_token_cache``), :data:`WARM_SLICE` texts per turn of its claim loop, so a
+shard it has not encoded yet is not tokenised on a refresh's critical path; an item that
+arrives waits at most for the slice in hand, and warming stops once the cache is full.
 
 With MaxP (``data.passages.mode: max``) a corpus item's documents are cut into passages
 (:class:`~ance_train.modeling.passages.PassageSplitter`) and every passage is encoded: the
@@ -52,12 +56,15 @@ from ance_train.modeling.model import TextKind
 from ance_train.modeling.passages import PassageSplitter
 from ance_train.observability.telemetry import InferencerTelemetry
 from ance_train.protocol.events import ShardFailed
-from ance_train.protocol.work import ShardKind, query_order
+from ance_train.protocol.work import RefreshPlan, ShardKind, query_order
 from ance_train.runtime import ServiceContext
 
 # On CPU, batches are capped at 4096 padded tokens (16 rows of 256 tokens): bounded memory and
 # cache-sized matrices; docs/benchmarks/performance.md ("Encoding") has what it measures.
 CPU_MAX_TOKENS_PER_BATCH = 4096
+# Texts an idle replica tokenises per turn of its claim loop when it warms its token cache:
+# a few tens of milliseconds, the longest a newly published item waits for the replica.
+WARM_SLICE = 32
 
 
 @dataclass
@@ -85,15 +92,40 @@ class TokenCache:
     def get(self, key: tuple) -> ShardRows | None:
         return self._rows.get(key)
 
-    def put(self, key: tuple, rows: ShardRows) -> None:
+    def put(self, key: tuple, rows: ShardRows) -> bool:
+        """Keep ``rows`` under ``key``; False when they do not fit in what is left."""
         assert rows.token_ids is not None
+        if key in self._rows:
+            return True
         size = 4 * sum(len(row) for row in rows.token_ids) + rows.ids.nbytes
-        if key in self._rows or self.bytes + size > self.max_bytes:
-            return
+        if self.bytes + size > self.max_bytes:
+            return False
         self._rows[key] = ShardRows(
             rows.ids, rows.passages,
             token_ids=[np.asarray(row, dtype=np.int32) for row in rows.token_ids])
         self.bytes += size
+        return True
+
+
+@dataclass
+class _Warming:
+    """A shard being tokenised into the :class:`TokenCache` slice by slice, ``offset`` the
+    next document (or query) of ``[start, stop)`` to tokenise."""
+
+    key: tuple
+    kind: ShardKind
+    start: int
+    stop: int
+    offset: int
+    parts: list[ShardRows]
+
+    def rows(self) -> ShardRows:
+        """The slices joined: the shard's rows as :meth:`Inferencer._rows` and
+        :func:`tokenize_texts` give them in one call (each text is tokenised on its own)."""
+        passages = [p.passages for p in self.parts if p.passages is not None]
+        return ShardRows(np.concatenate([p.ids for p in self.parts]),
+                         np.concatenate(passages) if passages else None,
+                         token_ids=[row for p in self.parts for row in p.token_ids or ()])
 
 
 class Inferencer:
@@ -116,6 +148,13 @@ class Inferencer:
                                  prepare=lambda m: prepare_model(m, self.precision, self.device),
                                  reuse=self.reuse and self.precision != "int8")
         self.tokens = TokenCache(cfg.inference.token_cache_mb * 2**20 if self.reuse else 0)
+        # Warming the cache while idle: every shard of the run (a plan's ranges do not depend
+        # on its step), planned again whenever the tokenizer's checkpoint files change.
+        self.warm = self.reuse and cfg.inference.warm_token_cache and self.tokens.max_bytes > 0
+        self.plan = RefreshPlan.for_run(0, cfg, ctx.dataset)
+        self._warm_for: str | None = None  # the fingerprint _to_warm was planned for
+        self._to_warm: list[tuple[ShardKind, int, int]] = []
+        self._warming: _Warming | None = None
         self.uploader = ShardUploader(ctx.store, ctx.bus, self.queue, self._uploaded,
                                       cfg.inference.embedding_dtype)
         self.query_ids = query_order(ctx.dataset)
@@ -133,14 +172,21 @@ class Inferencer:
         ctx.state.update(state="idle", phase="waiting for work")
         consumer = ctx.options.instance
         while not ctx.stop.is_set():
+            warming = self._warm_pending()
             try:
-                item = self.queue.claim(consumer, block_ms=1000)
+                # While warming, only a look at the queue between slices: an item is claimed
+                # at most one slice after it arrives.
+                item = self.queue.claim(consumer, block_ms=0 if warming else 1000)
             except REDIS_UNAVAILABLE as error:  # back off and retry
                 ctx.log.warning("claiming work failed: %s", error)
                 ctx.stop.wait(1.0)
                 continue
             if item is None:
-                ctx.state.update(state="idle", phase="waiting for work")
+                if warming:
+                    ctx.state.update(state="idle", phase="warming the token cache")
+                    self._warm_turn()
+                else:
+                    ctx.state.update(state="idle", phase="waiting for work")
                 continue
             try:
                 self._handle(item, consumer)
@@ -196,31 +242,38 @@ class Inferencer:
             known = self.models.step
             model, tokenizer = self.models.get(item.step)
             loaded, loaded_at = time.monotonic(), time.time()
-            kind: TextKind
-            if item.kind is ShardKind.CORPUS:
-                max_length, kind = self.doc_length, "document"
-            else:
-                max_length, kind = cfg.model.max_query_length, "query"
+            max_length, kind = self._lengths(item.kind)
             prompt = model.prompt(kind)
             if self.reuse:
-                key = (item.kind, item.start, item.stop, max_length, prompt,
-                       cfg.data.passages, self.models.fingerprint)
+                key = self._token_key(item.kind, item.start, item.stop, prompt)
                 rows = self.tokens.get(key)
                 cached = rows is not None
-                if rows is None:
-                    rows = self._rows(item, tokenizer, prompt)
+                if rows is None:  # tokenised on a background thread while the model runs,
+                    # the ids kept (encode_ids of them gives the same batches, so the same bits)
+                    tokenized, tokenized_at = loaded, loaded_at
+                    rows = self._rows(item.kind, item.start, item.stop, tokenizer, prompt)
                     assert rows.texts is not None  # ``_rows`` reads them
-                    rows.token_ids = tokenize_texts(tokenizer, rows.texts, max_length, prompt)
+                    token_ids: list = []
+                    vectors = encode_texts(model, tokenizer, rows.texts,
+                                           max_length=max_length, kind=kind,
+                                           batch_size=cfg.inference.batch_size,
+                                           device=self.device,
+                                           max_tokens_per_batch=self.max_tokens_per_batch,
+                                           progress=self._progress(), background=True,
+                                           token_ids=token_ids)
+                    rows.token_ids = token_ids
                     self.tokens.put(key, rows)
-                tokenized, tokenized_at = time.monotonic(), time.time()
-                assert rows.token_ids is not None  # set before the rows were cached
-                vectors = encode_ids(model, rows.token_ids, pad_token_id(tokenizer),
-                                     batch_size=cfg.inference.batch_size, device=self.device,
-                                     max_tokens_per_batch=self.max_tokens_per_batch,
-                                     progress=self._progress())
+                else:
+                    tokenized, tokenized_at = time.monotonic(), time.time()
+                    assert rows.token_ids is not None  # set before the rows were cached
+                    vectors = encode_ids(model, rows.token_ids, pad_token_id(tokenizer),
+                                         batch_size=cfg.inference.batch_size,
+                                         device=self.device,
+                                         max_tokens_per_batch=self.max_tokens_per_batch,
+                                         progress=self._progress())
             else:  # tokenised on a background thread while the model runs, every refresh
                 cached, tokenized, tokenized_at = False, loaded, loaded_at
-                rows = self._rows(item, tokenizer, prompt)
+                rows = self._rows(item.kind, item.start, item.stop, tokenizer, prompt)
                 assert rows.texts is not None  # ``_rows`` reads them
                 vectors = encode_texts(model, tokenizer, rows.texts,
                                        max_length=max_length, kind=kind,
@@ -240,19 +293,74 @@ class Inferencer:
         self.uploader.submit(EncodedShard(item, consumer, rows.ids, vectors, timings, release,
                                           times, rows.passages))
 
-    def _rows(self, item: WorkItem, tokenizer, prompt: str) -> ShardRows:
-        """The rows of ``item`` with their texts: its documents (with MaxP, their passages)
-        or its queries. Query shards carry the query ids, so no reader relies on an order."""
-        if item.kind is not ShardKind.CORPUS:
-            ids = np.array(self.query_ids[item.start:item.stop], dtype=np.str_)
+    def _lengths(self, kind: ShardKind) -> tuple[int, TextKind]:
+        """The token length cap and the text kind (for the prompt) of shards of ``kind``."""
+        if kind is ShardKind.CORPUS:
+            return self.doc_length, "document"
+        return self.ctx.config.model.max_query_length, "query"
+
+    def _token_key(self, kind: ShardKind, start: int, stop: int, prompt: str) -> tuple:
+        """What the token ids of shard ``[start, stop)`` of ``kind`` depend on (the
+        :class:`TokenCache` key) with the loaded checkpoint."""
+        return (kind, start, stop, self._lengths(kind)[0], prompt,
+                self.ctx.config.data.passages, self.models.fingerprint)
+
+    def _rows(self, kind: ShardKind, start: int, stop: int, tokenizer,
+              prompt: str) -> ShardRows:
+        """The rows of shard ``[start, stop)`` of ``kind`` with their texts: its documents
+        (with MaxP, their passages) or its queries. Query shards carry the query ids, so no
+        reader relies on an order."""
+        if kind is not ShardKind.CORPUS:
+            ids = np.array(self.query_ids[start:stop], dtype=np.str_)
             return ShardRows(ids, texts=[self.ctx.dataset.queries[q] for q in ids])
-        texts = [text for _, text in self.ctx.corpus.iter_range(item.start, item.stop)]
+        texts = [text for _, text in self.ctx.corpus.iter_range(start, stop)]
         passages = self.ctx.config.data.passages
         if not passages.enabled:
-            return ShardRows(np.arange(item.start, item.stop, dtype=np.int64), texts=texts)
+            return ShardRows(np.arange(start, stop, dtype=np.int64), texts=texts)
         split = PassageSplitter(tokenizer, passages, self.ctx.config.model.max_doc_length,
                                 prompt).split(texts)
-        return ShardRows(item.start + split.documents, split.passages, texts=split.texts)
+        return ShardRows(start + split.documents, split.passages, texts=split.texts)
+
+    def _warm_pending(self) -> bool:
+        """Whether an idle turn has a shard to tokenise into the cache: once a checkpoint is
+        loaded (its tokenizer and prompts), every shard of the run not cached yet."""
+        if not self.warm or self.models.model is None:
+            return False
+        if self._warm_for != self.models.fingerprint:  # the first checkpoint, or a new tokenizer
+            self._warm_for = self.models.fingerprint
+            self._to_warm = [(kind, start, stop) for kind in (ShardKind.CORPUS, ShardKind.QUERIES)
+                             for start, stop in self.plan.ranges(kind)]
+            self._warming = None
+        return bool(self._to_warm) or self._warming is not None
+
+    def _warm_turn(self) -> None:
+        """Tokenise the next :data:`WARM_SLICE` texts of the shard being warmed (the next shard
+        not in the cache, if none is); a shard whose last slice is done goes into the cache,
+        and warming stops for good when the cache has no room for it."""
+        model, tokenizer = self.models.model, self.models.tokenizer
+        assert model is not None and tokenizer is not None  # see _warm_pending
+        if self._warming is None:
+            shard, start, stop = self._to_warm.pop(0)
+            key = self._token_key(shard, start, stop, model.prompt(self._lengths(shard)[1]))
+            if self.tokens.get(key) is not None:  # encoded, hence cached, already
+                return
+            self._warming = _Warming(key, shard, start, stop, offset=start, parts=[])
+        warming = self._warming
+        max_length, kind = self._lengths(warming.kind)
+        prompt = model.prompt(kind)
+        end = min(warming.offset + WARM_SLICE, warming.stop)
+        rows = self._rows(warming.kind, warming.offset, end, tokenizer, prompt)
+        assert rows.texts is not None  # ``_rows`` reads them
+        rows.token_ids = tokenize_texts(tokenizer, rows.texts, max_length, prompt)
+        rows.texts = None
+        warming.parts.append(rows)
+        warming.offset = end
+        if end < warming.stop:
+            return
+        self._warming = None
+        if not self.tokens.put(warming.key, warming.rows()):
+            self.ctx.log.info("token cache full (%d bytes): no more warming", self.tokens.bytes)
+            self._to_warm.clear()
 
     def _progress(self) -> Callable[[int], None]:
         """A progress callback that reports the texts encoded so far in the current item."""

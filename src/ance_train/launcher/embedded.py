@@ -139,6 +139,7 @@ RESUME_SAFE_FIELDS = ("output_dir", "services", "tracking", "index.search",
                       "inference.replicas", "inference.torch_threads",
                       "inference.claim_timeout_s", "inference.max_attempts",
                       "inference.reuse_between_refreshes", "inference.token_cache_mb",
+                      "inference.warm_token_cache",
                       "training.torch_threads", "training.torch_threads_between_refreshes",
                       "training.max_restarts")
 

@@ -125,14 +125,18 @@ def padded_batches(
     max_tokens_per_batch: int | None = None,
     chunk: int | None = None,
     prompt: str = "",
+    token_ids: list | None = None,
 ) -> Iterator[Batch]:
     """Tokenise ``texts`` (in chunks of ``chunk`` texts, or all at once), ``prompt``
     prepended to each (:func:`~ance_train.modeling.model.tokenize`), and yield length-sorted
-    batches, each right-padded to its own longest row."""
+    batches, each right-padded to its own longest row. ``token_ids``, if given, is extended
+    with each chunk's ids as it is tokenised."""
     pad_id = pad_token_id(tokenizer)
     step = chunk or max(len(texts), 1)
     for offset in range(0, len(texts), step):
         input_ids = tokenize_texts(tokenizer, texts[offset:offset + step], max_length, prompt)
+        if token_ids is not None:
+            token_ids.extend(input_ids)
         yield from batches_of_ids(input_ids, pad_id, batch_size, max_tokens_per_batch, offset)
 
 
@@ -217,6 +221,7 @@ def encode_texts(
     progress: Callable[[int], None] | None = None,
     background: bool = False,
     kind: TextKind | None = None,
+    token_ids: list | None = None,
 ) -> np.ndarray:
     """Embed ``texts``; returns float32 ``[len(texts), model.dim]`` in the order of ``texts``.
 
@@ -227,14 +232,15 @@ def encode_texts(
     :data:`BACKGROUND_CHUNK` texts on a background thread while the model runs. ``progress``
     is called with the number of texts finished after every batch. ``kind`` (``query`` or
     ``document``) prepends the model's prompt of that kind (``model.query_prompt`` /
-    ``model.document_prompt``); None encodes the texts as they are. The model's train/eval
-    mode is restored on return.
+    ``model.document_prompt``); None encodes the texts as they are. ``token_ids``, if given,
+    receives the texts' token ids (what :func:`encode_ids` takes for the same bits), complete
+    once the call returns. The model's train/eval mode is restored on return.
     """
     if not texts:
         return np.empty((0, model.dim), dtype=np.float32)
     batches = padded_batches(tokenizer, texts, max_length, batch_size, max_tokens_per_batch,
                              chunk=BACKGROUND_CHUNK if background else None,
-                             prompt=model.prompt(kind))
+                             prompt=model.prompt(kind), token_ids=token_ids)
     if background:
         batches = in_background(batches)
     return _encode_batches(model, batches, len(texts), device, dtype, progress)
