@@ -13,10 +13,10 @@ checkpoint 0, the zero-shot reference, which is always encoded.
 
 Between refreshes (``inference.reuse_between_refreshes``) a replica keeps its encoder resident
 and loads only the new weights (:class:`~ance_train.modeling.checkpoint_cache.ModelCache`),
-and keeps the token ids of the shards it encoded (:class:`TokenCache`): the corpus and the
+and keeps the token ids of the shards it encoded (:mod:`.tokens`): the corpus and the
 queries never change within a run, nor, unless a checkpoint says otherwise, the tokenizer.
 An idle replica (no item to claim) fills that cache with every other shard of the run
-(``inference.warm_token_cache``), :data:`WARM_SLICE` texts per turn of its claim loop, so a
+(``inference.warm_token_cache``), ``WARM_SLICE`` texts per turn of its claim loop, so a
 shard it has not encoded yet is not tokenised on a refresh's critical path; an item that
 arrives waits at most for the slice in hand, and warming stops once the cache is full.
 
@@ -35,11 +35,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ance_train.inferencer.tokens import WARM_SLICE, ShardRows, ShardWarming, TokenCache
 from ance_train.inferencer.uploader import EncodedShard, ShardUploader
 from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkItem, WorkQueue
 from ance_train.infra.store import CorruptObject, ObjectNotFound, StorageError
@@ -62,70 +62,6 @@ from ance_train.runtime import ServiceContext
 # On CPU, batches are capped at 4096 padded tokens (16 rows of 256 tokens): bounded memory and
 # cache-sized matrices; docs/benchmarks/performance.md ("Encoding") has what it measures.
 CPU_MAX_TOKENS_PER_BATCH = 4096
-# Texts an idle replica tokenises per turn of its claim loop when it warms its token cache:
-# a few tens of milliseconds, the longest a newly published item waits for the replica.
-WARM_SLICE = 32
-
-
-@dataclass
-class ShardRows:
-    """What an item encodes, row by row: ``ids`` (document indices, or query ids), and with
-    MaxP each row's passage number; ``texts`` or, from the :class:`TokenCache`, ``token_ids``."""
-
-    ids: np.ndarray
-    passages: np.ndarray | None = None
-    texts: list[str] | None = None
-    token_ids: list | None = None
-
-
-class TokenCache:
-    """Token ids of shards, in this process's memory, up to ``max_bytes`` (4 bytes a token;
-    shards beyond it are not kept). A key names everything the ids depend on: the shard's
-    kind and range, the length cap, the prompt, the passage setting and the checkpoint files
-    other than the weights (tokenizer included: :attr:`ModelCache.fingerprint`)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._rows: dict[tuple, ShardRows] = {}
-
-    def get(self, key: tuple) -> ShardRows | None:
-        return self._rows.get(key)
-
-    def put(self, key: tuple, rows: ShardRows) -> bool:
-        """Keep ``rows`` under ``key``; False when they do not fit in what is left."""
-        assert rows.token_ids is not None
-        if key in self._rows:
-            return True
-        size = 4 * sum(len(row) for row in rows.token_ids) + rows.ids.nbytes
-        if self.bytes + size > self.max_bytes:
-            return False
-        self._rows[key] = ShardRows(
-            rows.ids, rows.passages,
-            token_ids=[np.asarray(row, dtype=np.int32) for row in rows.token_ids])
-        self.bytes += size
-        return True
-
-
-@dataclass
-class _Warming:
-    """A shard being tokenised into the :class:`TokenCache` slice by slice, ``offset`` the
-    next document (or query) of ``[start, stop)`` to tokenise."""
-
-    key: tuple
-    kind: ShardKind
-    start: int
-    stop: int
-    offset: int
-    parts: list[ShardRows]
-
-    def rows(self) -> ShardRows:
-        """The slices joined: the shard's rows as :meth:`Inferencer._rows` and
-        :func:`tokenize_texts` give them in one call (each text is tokenised on its own)."""
-        passages = [p.passages for p in self.parts if p.passages is not None]
-        return ShardRows(np.concatenate([p.ids for p in self.parts]),
-                         np.concatenate(passages) if passages else None,
-                         token_ids=[row for p in self.parts for row in p.token_ids or ()])
 
 
 class Inferencer:
@@ -154,7 +90,7 @@ class Inferencer:
         self.plan = RefreshPlan.for_run(0, cfg, ctx.dataset)
         self._warm_for: str | None = None  # the fingerprint _to_warm was planned for
         self._to_warm: list[tuple[ShardKind, int, int]] = []
-        self._warming: _Warming | None = None
+        self._warming: ShardWarming | None = None
         self.uploader = ShardUploader(ctx.store, ctx.bus, self.queue, self._uploaded,
                                       cfg.inference.embedding_dtype)
         self.query_ids = query_order(ctx.dataset)
@@ -344,7 +280,7 @@ class Inferencer:
             key = self._token_key(shard, start, stop, model.prompt(self._lengths(shard)[1]))
             if self.tokens.get(key) is not None:  # encoded, hence cached, already
                 return
-            self._warming = _Warming(key, shard, start, stop, offset=start, parts=[])
+            self._warming = ShardWarming(key, shard, start, stop, offset=start, parts=[])
         warming = self._warming
         max_length, kind = self._lengths(warming.kind)
         prompt = model.prompt(kind)
