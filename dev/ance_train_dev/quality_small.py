@@ -158,11 +158,12 @@ def render(datasets: list[dict]) -> str:
         found = {(c["method"], c["versus"]): c for c in data["comparisons"]}
         budget = data.get("budget") or {}
         noise = data["dev_ci95_halfwidth"]
+        noise_text = ("" if noise is None else
+                      f" Dev nDCG@10 at zero-shot has a 95 % interval of ±{noise:.3f}.")
         lines += [f"## {display_name(data['dataset'])}", "",
                   f"Report `{data['report']}` (profile `{data['profile']}`, budget "
                   f"{json.dumps(budget)}), {data['test_queries']} test queries; "
-                  f"machine {_machine(data['machine'])}, {data['date']}. Dev nDCG@10 at zero-shot "
-                  f"has a 95 % interval of ±{noise:.3f}." if noise is not None else "", "",
+                  f"machine {_machine(data['machine'])}, {data['date']}.{noise_text}", "",
                   "| system | test nDCG@10 (best on dev) | checkpoints | test (earliest) | "
                   "checkpoints (earliest) | dev (best) | Δ vs zero-shot | Δ vs peer |",
                   "|---|---:|---|---:|---|---:|---|---|"]
