@@ -8,14 +8,18 @@ waits for, nor reads, the optimizer state.
 With ``reuse`` (the inferencer's ``inference.reuse_between_refreshes``) the model stays
 resident between checkpoints: when a new checkpoint differs from the one loaded only in its
 weights (every other file of its manifest has the same sha256: config, tokenizer, pooling and
-prompts), only ``model.safetensors`` (and the projection head) is downloaded and copied into
-the resident model, already converted (bf16 rounds the same way either way, so the result is
-the model a full load gives, bit for bit: ``tests/test_encoding.py``). Anything else, or a
-weight file that does not fit the resident model, loads the whole checkpoint as before.
+prompts), only ``model.safetensors`` (and the projection head) is read, straight into the
+resident model's tensors and hashed as it is read (:mod:`.weight_swap`: one pass, no copy of
+the file), converted where the model was (bf16 rounds the same way either way, so the result
+is the model a full load gives, bit for bit: ``tests/test_encoding.py``,
+``tests/test_weight_swap.py``). Anything else, or a weight file that does not fit the resident
+model, loads the whole checkpoint as before; weights that fail their checksum once read in
+leave no resident model (the next load is a whole one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -34,6 +38,7 @@ if TYPE_CHECKING:  # torch and transformers are imported on the first load: an i
     from transformers import PreTrainedTokenizerBase
 
     from ance_train.modeling.model import BiEncoder
+    from ance_train.modeling.weight_swap import Plan
 
 # What changes from one checkpoint to the next of a run: the encoder's and the head's weights.
 ENCODER_WEIGHTS = "model.safetensors"
@@ -122,8 +127,7 @@ class ModelCache:
     def _replace_weights(self, step: int) -> bool:
         """Copy checkpoint ``step``'s weights into the resident model when nothing else of it
         differs from the loaded one; False: it must be loaded whole."""
-        import torch
-        from safetensors.torch import load
+        from ance_train.modeling.weight_swap import plan_read, read_into
 
         if self.model is None or self._others is None:
             return False
@@ -137,26 +141,29 @@ class ModelCache:
         head = HEAD_WEIGHTS in files
         if others != self._others or head != (self.model.projection is not None):
             return False
-        states = {}
-        for name in WEIGHT_FILES if head else (ENCODER_WEIGHTS,):
-            # Read into memory (verified against the object's own checksum, which put_dir
-            # recorded in the manifest) and parsed there: no local copy to write and sync,
-            # as the weights are needed only until they are copied into the model.
-            data = self.store.get_bytes(f"{prefix}/{name}")
-            if len(data) != files[name].get("size"):
-                raise CorruptObject(f"object {prefix}/{name!r} has {len(data)} bytes but the "
-                                    f"manifest records {files[name].get('size')}")
-            states[name] = load(data)
-        try:
-            with torch.no_grad():
-                self.model.encoder.load_state_dict(states[ENCODER_WEIGHTS], strict=True)
-                if head:
-                    # the resident model has a head iff the checkpoint has (checked above)
-                    assert self.model.projection is not None
-                    self.model.projection.load_state_dict(states[HEAD_WEIGHTS], strict=True)
-        except RuntimeError:  # keys or shapes that do not fit: a full load sorts it out
-            self.model = self.tokenizer = None  # partly overwritten: never used again
-            self._others = self.step = None
-            return False
+        names = WEIGHT_FILES if head else (ENCODER_WEIGHTS,)
+        modules = {ENCODER_WEIGHTS: self.model.encoder, HEAD_WEIGHTS: self.model.projection}
+        with contextlib.ExitStack() as stack:
+            readers = {name: stack.enter_context(self.store.open_verified(f"{prefix}/{name}"))
+                       for name in names}
+            plans: dict[str, Plan] = {}
+            for name, reader in readers.items():
+                if reader.size != files[name].get("size"):
+                    self.store.get_bytes(reader.key)  # a corrupt object: its checksum's error
+                    raise CorruptObject(f"object {reader.key!r} has {reader.size} bytes but "
+                                        f"the manifest records {files[name].get('size')}")
+                module = modules[name]
+                assert module is not None  # a head iff the checkpoint has one (checked above)
+                plan = plan_read(reader, module)
+                if plan is None:  # keys or shapes that do not fit: a full load sorts it out
+                    return False  # (nothing was written to the resident model)
+                plans[name] = plan
+            try:
+                for name, reader in readers.items():
+                    read_into(reader, plans[name])
+            except BaseException:
+                self.model = self.tokenizer = None  # partly overwritten: never used again
+                self._others = self.step = None
+                raise
         self.reloaded = False
         return True

@@ -12,9 +12,10 @@ validated so that they can never escape the run's prefix.
 Integrity: every object carries its sha256 (S3 user metadata ``x-amz-meta-sha256``,
 or a ``<key>.sha256`` sidecar file for the local backend, written after the data).
 Reads verify it and raise :class:`CorruptObject` on mismatch, so a truncated or
-corrupt object is never used.  Directories are uploaded with :meth:`ObjectStore.put_dir`,
-which writes ``MANIFEST.json`` last; :meth:`ObjectStore.get_dir` refuses a prefix
-without a manifest.
+corrupt object is never used (:meth:`ObjectStore.open_verified` streams one into the
+caller's buffers and verifies it as it is read: :mod:`.verified`).  Directories are
+uploaded with :meth:`ObjectStore.put_dir`, which writes ``MANIFEST.json`` last;
+:meth:`ObjectStore.get_dir` refuses a prefix without a manifest.
 
 The package is split by backend: :mod:`.base` (the interface, errors, key validation and
 checksum helpers), :mod:`.local` and :mod:`.s3`; this module re-exports the public names and

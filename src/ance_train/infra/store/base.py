@@ -13,14 +13,18 @@ import abc
 import builtins
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ance_train.infra.atomic import atomic_write
+
+if TYPE_CHECKING:
+    from ance_train.infra.store.verified import VerifiedReader
 
 MANIFEST_NAME = "MANIFEST.json"
 SIDECAR_SUFFIX = ".sha256"
@@ -214,6 +218,17 @@ class ObjectStore(abc.ABC):
         return []
 
     # ---- derived operations
+
+    @contextlib.contextmanager
+    def open_verified(self, key: str) -> Iterator[VerifiedReader]:
+        """The object as a :class:`~ance_train.infra.store.verified.VerifiedReader`, for a
+        caller that reads it straight into its own buffers. Here it is downloaded whole and
+        verified first; a backend that can stream it (the local one) hashes it as it is
+        read."""
+        from ance_train.infra.store.verified import VerifiedReader
+
+        data = self.get_bytes(key)
+        yield VerifiedReader(key, io.BytesIO(data), len(data), None)
 
     def get_file(self, key: str, path: str | os.PathLike[str]) -> str:
         """Download the object to ``path`` (temp file + ``os.replace``); return its sha256.

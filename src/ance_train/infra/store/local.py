@@ -7,6 +7,7 @@ import hashlib
 import os
 import secrets
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -23,11 +24,12 @@ from ance_train.infra.store.base import (
     _verify,
     validate_key,
 )
+from ance_train.infra.store.verified import VerifiedReader
 
 
 def _link_hashed(source: Path, path: Path) -> str | None:
-    """Hard-link ``source`` to a temp name beside ``path``, hash and fsync it, rename it to
-    ``path``; its sha256, or None where no link can be made (the caller copies instead)."""
+    """Hard-link ``source`` to a temp name beside ``path``, hash and fsync it (at once), rename
+    it to ``path``; its sha256, or None where no link can be made (the caller copies instead)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}{_TMP_MARKER}")
     try:
@@ -35,9 +37,11 @@ def _link_hashed(source: Path, path: Path) -> str | None:
     except OSError:  # EXDEV (another filesystem), EPERM / ENOTSUP (no hard links), ...
         return None
     try:
-        with open(tmp, "rb") as f:
+        with open(tmp, "rb") as f, ThreadPoolExecutor(1, "store-sync") as sync:
+            # the bytes are on disk before the sidecar says so: synced while they are hashed
+            synced = sync.submit(os.fsync, f.fileno())
             sha, _ = _copy_hashed(f)
-            os.fsync(f.fileno())  # the bytes are on disk before the sidecar says so
+            synced.result()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -142,6 +146,17 @@ class LocalStore(ObjectStore):
             data = path.read_bytes()
         _verify(key, expected, hashlib.sha256(data).hexdigest())
         return data
+
+    @contextlib.contextmanager
+    def open_verified(self, key: str) -> Iterator[VerifiedReader]:
+        """The object's file as a stream, each chunk hashed as it is read (one pass, no
+        copy of it in memory); the checksum is its sidecar's."""
+        path = self._path(key)
+        expected = self._read_sidecar(key, path)
+        with self._errors("get", key):
+            source = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+        with source:
+            yield VerifiedReader(key, source, os.fstat(source.fileno()).st_size, expected)
 
     def _download_to(self, key: str, f: IO[bytes]) -> str:
         path = self._path(key)
