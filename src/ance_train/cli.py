@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ance_train.config import IndexConfig, InferenceConfig, IvfConfig
+from ance_train.infra.process import exit_without_teardown
 
 if TYPE_CHECKING:  # the CLI imports the heavy modules lazily, per command
     from pydantic import BaseModel
@@ -758,5 +759,16 @@ def convert_hf(
     _convert(lambda: (convert(directory, to, names, dev_fraction, seed), to))
 
 
+def main() -> None:
+    """The ``ance-train`` command (and ``python -m ance_train.cli``, as services are started):
+    :data:`app`, then an exit without the interpreter's teardown, which costs a second after
+    torch is imported (:func:`~ance_train.infra.process.exit_without_teardown`)."""
+    try:
+        app()
+    except SystemExit as end:
+        exit_without_teardown(end.code)
+    exit_without_teardown(0)
+
+
 if __name__ == "__main__":
-    app()
+    main()

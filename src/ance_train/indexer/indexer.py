@@ -39,7 +39,7 @@ from ance_train.indexer.roles import BuildingRole, PartitionRole, SingleIndexRol
 from ance_train.indexer.search_service import PartitionDirectory, SearchService
 from ance_train.indexer.shards import ShardReader, ShardRequeued
 from ance_train.indexer.tracker import RefreshTracker
-from ance_train.infra.bus import REDIS_UNAVAILABLE, Received
+from ance_train.infra.bus import IDLE_BLOCK_MS, REDIS_UNAVAILABLE, Received
 from ance_train.infra.store import StorageError
 from ance_train.modeling.checkpoint_cache import ModelCache
 from ance_train.protocol import keys
@@ -178,7 +178,7 @@ class Indexer:
         added = False  # a shard was just added while encoding: read events without waiting
         while not ctx.stop.is_set():
             try:
-                self.poll(block_ms=0 if added else 500)
+                self.poll(block_ms=0 if added else IDLE_BLOCK_MS)
             except REDIS_UNAVAILABLE as error:  # back off; the groups keep our place
                 ctx.log.warning("reading events failed: %s", error)
                 ctx.stop.wait(1.0)

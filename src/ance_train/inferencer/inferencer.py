@@ -41,7 +41,7 @@ import torch
 
 from ance_train.inferencer.tokens import WARM_SLICE, ShardRows, ShardWarming, TokenCache
 from ance_train.inferencer.uploader import EncodedShard, ShardUploader
-from ance_train.infra.bus import REDIS_UNAVAILABLE, WorkItem, WorkQueue
+from ance_train.infra.bus import IDLE_BLOCK_MS, REDIS_UNAVAILABLE, WorkItem, WorkQueue
 from ance_train.infra.store import CorruptObject, ObjectNotFound, StorageError
 from ance_train.modeling.checkpoint_cache import ModelCache
 from ance_train.modeling.encoding import (
@@ -112,7 +112,7 @@ class Inferencer:
             try:
                 # While warming, only a look at the queue between slices: an item is claimed
                 # at most one slice after it arrives.
-                item = self.queue.claim(consumer, block_ms=0 if warming else 1000)
+                item = self.queue.claim(consumer, block_ms=0 if warming else IDLE_BLOCK_MS)
             except REDIS_UNAVAILABLE as error:  # back off and retry
                 ctx.log.warning("claiming work failed: %s", error)
                 ctx.stop.wait(1.0)

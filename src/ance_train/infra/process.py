@@ -1,14 +1,19 @@
 """Process hygiene: children die with their parent (the embedded mode's services, torchrun's
-trainer ranks), and a process asked to stop ends within a grace period."""
+trainer ranks), a process asked to stop ends within a grace period, and a finished process
+ends without tearing down every module it imported."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import logging
 import os
 import signal
+import sys
 import threading
 import time
+from typing import NoReturn
 
 _PR_SET_PDEATHSIG = 1
 
@@ -63,3 +68,41 @@ def exit_after_grace(log: logging.Logger, grace_s: float, code: int) -> threadin
     watchdog = threading.Thread(target=expire, name="termination-grace", daemon=True)
     watchdog.start()
     return watchdog
+
+
+def exit_code(code: object) -> int:
+    """The exit status ``sys.exit(code)`` gives: None is 0, an int is itself, anything else
+    is printed to stderr and gives 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def exit_without_teardown(code: object, join_s: float = 1.0) -> NoReturn:
+    """End the process as ``sys.exit(code)`` would, without the interpreter's teardown.
+
+    Once torch and transformers are imported (about 3,000 modules), Python's own exit spends
+    about 1 s, and 1.2 CPU-s, freeing them: measured on a 2-core EPYC after importing
+    ``transformers.models.bert.modeling_bert`` (4.9 CPU-s with the teardown, 3.6 without).
+    Every stopping service and every end-to-end test waited for it. What an exit must do is
+    still done here, in the interpreter's order:
+    the non-daemon threads are joined, the ``atexit`` hooks run (logging's flush among them),
+    the standard streams are flushed; then ``os._exit``.
+    A non-daemon thread still alive after ``join_s`` (an executor nobody shut down, which
+    only the interpreter's own exit knows how to stop) gets the ordinary ``sys.exit``."""
+    status = exit_code(code)
+    deadline = time.monotonic() + join_s
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() and not t.daemon and t is not threading.main_thread()
+           for t in threading.enumerate()):
+        sys.exit(status)
+    atexit._run_exitfuncs()  # what Py_FinalizeEx runs first; the rest is freeing memory
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to write
+            stream.flush()
+    os._exit(status)

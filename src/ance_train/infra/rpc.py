@@ -82,7 +82,10 @@ class GrpcServer:
         # instead of queueing for the workers without bound (None: no cap).
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes)]
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+        # Shut down with the server (stop): its idle workers would otherwise keep the process
+        # from ending without the interpreter's teardown (infra/process.py).
+        self._executor = futures.ThreadPoolExecutor(max_workers=max_workers)
+        self.server = grpc.server(self._executor,
                                   options=options, maximum_concurrent_rpcs=max_concurrent_rpcs)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -115,6 +118,7 @@ class GrpcServer:
     def stop(self, grace_s: float = 2.0) -> None:
         self.set_serving(False)
         self.server.stop(grace_s).wait()
+        self._executor.shutdown(wait=True)
 
 
 def channel(address: str, tls: GrpcTls | Literal[False] | None = None) -> grpc.Channel:
