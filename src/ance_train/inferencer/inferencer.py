@@ -52,7 +52,7 @@ from ance_train.modeling.encoding import (
     resolve_precision,
     tokenize_texts,
 )
-from ance_train.modeling.model import TextKind
+from ance_train.modeling.model import TextKind, import_loading_code
 from ance_train.modeling.passages import PassageSplitter
 from ance_train.observability.telemetry import InferencerTelemetry
 from ance_train.protocol.events import ShardFailed
@@ -105,6 +105,8 @@ class Inferencer:
 
     def run(self) -> None:
         ctx = self.ctx
+        ctx.state.update(state="idle", phase="importing the model code")
+        import_loading_code()  # while the trainer makes checkpoint 0, not after it arrives
         ctx.state.update(state="idle", phase="waiting for work")
         consumer = ctx.options.instance
         while not ctx.stop.is_set():

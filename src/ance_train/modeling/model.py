@@ -191,6 +191,14 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], prompt: s
     return tokenizer([prompt + text for text in texts] if prompt else list(texts), **kwargs)
 
 
+def import_loading_code() -> None:
+    """Import transformers' model-loading code (``transformers.modeling_utils``, which brings
+    torch.distributed.tensor and torch._dynamo: about 2 s on a 2-core CPU). The first
+    ``from_pretrained`` imports it anyway; an inferencer calls this while it waits for its
+    first checkpoint, so that the zero-shot refresh does not wait for it."""
+    import transformers.modeling_utils  # noqa: F401
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
