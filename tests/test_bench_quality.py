@@ -27,7 +27,8 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     common = [sys.executable, str(REPO / "bench" / "quality.py"), "--profile", "cpu",
               "--data", str(scifact_subset), "--model", str(tiny_model),
               "--steps", "6", "--refresh-every", "3", "--max-doc-length", "32",
-              "--set", "training.learning_rate=3e-5", "--runs-dir", str(tmp_path / "runs"),
+              "--set", "training.learning_rate=3e-5", "--set", "inference.replicas=1",
+              "--runs-dir", str(tmp_path / "runs"),
               "--out", str(out)]
     parts = [("in-batch", "7"), ("ance", "7"), ("in-batch", "8")]
     # The parts share nothing (own runs, own output names): they run side by side, each
@@ -82,7 +83,8 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
                - sum(in_batch) / 2) < 1e-12
     assert [part["methods"] for part in report["parts"]] == [["in-batch"], ["ance"], ["in-batch"]]
     # --max-doc-length is recorded as the override it is.
-    assert report["overrides"] == ["training.learning_rate=3e-5", "model.max_doc_length=32"]
+    assert report["overrides"] == ["training.learning_rate=3e-5", "inference.replicas=1",
+                                   "model.max_doc_length=32"]
     bm25 = report["references"]["BM25 (bm25s k1=0.9 b=0.4)"]
     zero_shot = report["references"]["zero-shot (no training)"]
     for ref in (bm25, zero_shot):
@@ -151,8 +153,10 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     merged = json.loads((out / "variants.json").read_text())
     assert merged["methods"] == ["in-batch", "ance", "ance-same-k"]
     assert merged["variants"] == {"ance-same-k": {"method": "ance", "overrides": [
-        "training.learning_rate=3e-5", f"negatives.top_k={top_k}", "model.max_doc_length=32"]}}
-    assert merged["overrides"] == ["training.learning_rate=3e-5", "model.max_doc_length=32"]
+        "training.learning_rate=3e-5", "inference.replicas=1", f"negatives.top_k={top_k}",
+        "model.max_doc_length=32"]}}
+    assert merged["overrides"] == ["training.learning_rate=3e-5", "inference.replicas=1",
+                                   "model.max_doc_length=32"]
     assert merged["aggregate"]["ance-same-k"] == merged["aggregate"]["ance"]
     assert "Variants: ance-same-k = ance with" in (out / "variants.md").read_text()
     assert significance_cli.main([*significance, str(out / "variants.json")]) == 0
@@ -185,6 +189,19 @@ def test_quality_benchmark_runs_and_reports(tmp_path: Path, scifact_subset, tiny
     assert not (kept / "work").exists()
     assert not (kept / "store" / "ance-s7" / "checkpoints").exists()
     assert (kept / "store" / "ance-s7" / "negatives" / "bm25.npz").is_file()
+
+    # In-batch negatives only (was tests/test_strategies_e2e.py::test_in_batch_only, whose own
+    # end-to-end run this one replaces): no table is mined, not even BM25's; no hard negative
+    # is ever used, so the trainer never waits for one.
+    for seed in (7, 8):
+        kept = tmp_path / "runs" / f"in-batch-s{seed}"
+        store = kept / "store" / f"in-batch-s{seed}"
+        assert (store / "eval").is_dir(), "the kept run's store, with its evaluations"
+        assert sorted(p.name for p in store.glob("negatives/*")) == []
+        trainer = json.loads((kept / "summary.json").read_text())["trainer"]
+        assert trainer["finished"] and trainer["steps"] == 6
+        assert set(trainer["hard_negatives"]) == {0}
+        assert trainer["wait_before_first_s"] == 0.0
 
     # How hard the ANCE run's negatives were, under each checkpoint it stored.
     negative_hardness.main([str(tmp_path / "runs" / "ance-s7"), "--out", str(out)])

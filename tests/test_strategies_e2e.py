@@ -75,12 +75,9 @@ def common_checks(run: dict) -> None:
             assert not set(run["dataset"].train[str(qid)]) & set(row[row != PAD].tolist())
 
 
-def test_in_batch_only(tmp_path, scifact_subset, small_model) -> None:
-    run = run_strategy(tmp_path, scifact_subset, small_model, {"pool": "in_batch"})
-    common_checks(run)
-    assert run["tables"] == {} and not run["store"].exists("negatives/bm25.npz")
-    assert set(run["trainer"]["hard_negatives"]) == {0}
-    assert run["trainer"]["wait_before_first_s"] == 0.0
+# Pool in_batch (no mined negatives) runs end to end in tests/test_bench_quality.py, whose
+# in-batch runs check what test_in_batch_only checked here (no table, no hard negative, no
+# wait): its own run is saved.
 
 
 def test_bm25_warmup_then_random(tmp_path, scifact_subset, small_model) -> None:
