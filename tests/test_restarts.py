@@ -38,15 +38,17 @@ from ance_train_dev.service_harness import wait_until
 STEPS = 6
 
 
-def _config(tmp_path: Path, data: Path, model: Path, **services: object) -> Path:
+def _config(tmp_path: Path, data: Path, model: Path, replicas: int = 2, partitions: int = 2,
+            **services: object) -> Path:
     return write_config(
         tmp_path / "c.yaml", run_id="restarts", output_dir=str(tmp_path / "runs"),
         data={"path": str(data), "dev_fraction": 0.2},
         model={"path": str(model), "max_query_length": 16, "max_doc_length": 32},
         training={"steps": STEPS, "batch_size": 4, "refresh_every": 3, "torch_threads": 1},
         negatives={"pool": "ann", "warmup": "none", "top_k": 20, "wait_for_first": True},
-        inference={"replicas": 2, "shard_size": 50, "torch_threads": 1, "claim_timeout_s": 3},
-        index={"eval_depth": 50, "partitions": 2},
+        inference={"replicas": replicas, "shard_size": 50, "torch_threads": 1,
+                   "claim_timeout_s": 3},
+        index={"eval_depth": 50, "partitions": partitions},
         services={"restart": {"initial_backoff_s": 0.5, **services}},
         tracking={"report_to": []})
 
@@ -115,10 +117,12 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path: Path, sci
 def test_a_service_crashing_on_every_start_stops_the_run(tmp_path: Path, scifact_subset,
                                                          tiny_model) -> None:
     """The trainer's port is held by another socket: it cannot serve, on any start (and
-    without a trainer the run cannot finish before the budget is spent)."""
+    without a trainer the run cannot finish before the budget is spent). One inferencer and
+    one index partition: more would only add processes to start."""
     with socket.create_server(("127.0.0.1", 0)) as squatter:
         port = squatter.getsockname()[1]
-        path = _config(tmp_path, scifact_subset, tiny_model, max_restarts=1, window_s=120)
+        path = _config(tmp_path, scifact_subset, tiny_model, replicas=1, partitions=1,
+                       max_restarts=1, window_s=120)
         config = load_config(path)
         config = config.model_copy(update={"services": config.services.model_copy(
             update={"trainer_port": port})})
