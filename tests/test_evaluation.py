@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from ance_train.evaluation import evaluate, evaluate_per_query
+from ance_train.evaluation import (
+    bootstrap_ci,
+    evaluate,
+    evaluate_per_query,
+    evaluate_with_interval,
+)
 
 LOG2_3 = math.log2(3)
 
@@ -73,3 +79,19 @@ def test_per_query_values_average_to_the_aggregate() -> None:
     recall = evaluate_per_query({"q1": RUN["q1"]}, {"q1": QRELS["q1"], "gone": {"x": 1}},
                                 "recall@100")
     assert recall == {"q1": 1.0, "gone": 0.0}  # a query without a run is there, scoring 0
+
+
+def test_metrics_with_interval_are_the_separate_passes_bit_for_bit() -> None:
+    """evaluate_with_interval makes one pytrec_eval pass for the metrics and the per-query
+    nDCG@10 of its interval: the same floats as evaluate and evaluate_per_query."""
+    rng = np.random.default_rng(3)
+    qrels = {f"q{i}": {f"d{j}": 1 for j in rng.choice(300, size=rng.integers(1, 4))}
+             for i in range(120)}
+    run = {qid: {f"d{j}": float(s) for j, s in zip(rng.choice(300, size=150, replace=False),
+                                                    rng.random(150), strict=True)}
+           for qid in list(qrels)[:110]}  # ten queries without a run
+    metrics, interval = evaluate_with_interval(run, qrels)
+    assert metrics == evaluate(run, qrels)
+    per_query = evaluate_per_query(run, qrels)
+    assert interval == bootstrap_ci([per_query[qid] for qid in sorted(qrels)])
+    assert evaluate_with_interval(run, {}) == ({}, None)

@@ -68,10 +68,18 @@ def evaluate_with_interval(
 ) -> tuple[dict[str, float], tuple[float, float] | None]:
     """:func:`evaluate`, and the :func:`bootstrap_ci` of its :data:`CI_MEASURE` (None when
     ``qrels`` is empty)."""
-    metrics = evaluate(run, qrels)
     if not qrels:
-        return metrics, None
-    per_query = evaluate_per_query(run, qrels, CI_MEASURE)
+        return {}, None
+    # One pass of pytrec_eval for both: ir-measures' own calc_aggregate is iter_calc into
+    # each measure's aggregator (a mean), so the metrics are the same floats.
+    aggregators = {measure: measure.aggregator() for measure in MEASURES.values()}
+    per_query: dict[str, float] = {}
+    for metric in ir_measures.iter_calc(list(MEASURES.values()), qrels,
+                                        _complete_run(run, qrels)):
+        aggregators[metric.measure].add(metric.value)
+        if metric.measure == MEASURES[CI_MEASURE]:
+            per_query[metric.query_id] = float(metric.value)
+    metrics = {name: float(aggregators[measure].result()) for name, measure in MEASURES.items()}
     return metrics, bootstrap_ci([per_query.get(qid, 0.0) for qid in sorted(qrels)])
 
 
