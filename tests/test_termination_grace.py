@@ -14,8 +14,9 @@ import pytest
 
 from ance_train.infra.bus import EventBus, connect
 from ance_train.infra.process import TERMINATION_GRACE_VAR, termination_grace_s
+from ance_train.infra.rpc import fetch_status
 
-from ance_train_dev.service_harness import Harness, stop, wait_registered
+from ance_train_dev.service_harness import Harness, stop, wait_registered, wait_until
 
 GRACE_S = 3.0
 
@@ -32,6 +33,10 @@ def test_a_service_whose_redis_is_gone_exits_within_its_grace_period(
                                {TERMINATION_GRACE_VAR: str(GRACE_S)})
     try:
         wait_registered(harness, bus, inferencer, "inferencer", "inferencer")
+        # In its claim loop (after importing the model code): what it does next is Redis's.
+        address = bus.services()["inferencer:inferencer"]
+        wait_until(lambda: fetch_status(address, timeout_s=1.0).progress.phase
+                   == "waiting for work", 120, "the inferencer waiting for work")
         redis_server.process.kill()  # gone, as with a killed launcher
         redis_server.process.wait()
         time.sleep(1.0)  # the service is now retrying Redis
