@@ -34,7 +34,7 @@ import statistics
 from pathlib import Path
 
 from ance_train_dev.quality import PEER, display_name, select_checkpoint
-from ance_train_dev.report import command_line, utc_now, write_report
+from ance_train_dev.report import command_line, machine_line, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[2]
 MEASURE = "ndcg@10"
@@ -124,15 +124,6 @@ def summarise(path: Path) -> dict:
             "test_queries": significance.get("test_queries")}
 
 
-def _machine(machine: object) -> str:
-    if not isinstance(machine, dict):
-        return str(machine)
-    flags = ", ".join(machine.get("cpu_flags") or [])
-    return (f"{machine.get('cpu')}, {machine.get('cores')} cores"
-            + (f" ({flags})" if flags else "") + f", GPU {machine.get('gpu') or 'none'}, "
-            f"torch {machine.get('torch')}")
-
-
 def _cell(stats: dict) -> str:
     return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
 
@@ -163,7 +154,7 @@ def render(datasets: list[dict]) -> str:
         lines += [f"## {display_name(data['dataset'])}", "",
                   f"Report `{data['report']}` (profile `{data['profile']}`, budget "
                   f"{json.dumps(budget)}), {data['test_queries']} test queries; "
-                  f"machine {_machine(data['machine'])}, {data['date']}.{noise_text}", "",
+                  f"machine {machine_line(data['machine'])}, {data['date']}.{noise_text}", "",
                   "| system | test nDCG@10 (best on dev) | checkpoints | test (earliest) | "
                   "checkpoints (earliest) | dev (best) | Δ vs zero-shot | Δ vs peer |",
                   "|---|---:|---|---:|---|---:|---|---|"]

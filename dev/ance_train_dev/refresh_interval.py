@@ -48,8 +48,7 @@ import statistics
 from pathlib import Path
 
 from ance_train_dev.quality import mean_std
-from ance_train_dev.quality_small import _machine as machine_line
-from ance_train_dev.report import command_line, utc_now, write_report
+from ance_train_dev.report import command_line, machine_line, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[2]
 MEASURE = "ndcg@10"

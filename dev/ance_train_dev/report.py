@@ -70,6 +70,17 @@ def machine(device: str = "cpu") -> dict:
             "transformers": transformers.__version__}
 
 
+def machine_line(machine: object) -> str:
+    """One line for a report's ``machine`` (as :func:`machine` records it; anything else as
+    it is): CPU, cores, flags, GPU, torch."""
+    if not isinstance(machine, dict):
+        return str(machine)
+    flags = ", ".join(machine.get("cpu_flags") or [])
+    return (f"{machine.get('cpu')}, {machine.get('cores')} cores"
+            + (f" ({flags})" if flags else "") + f", GPU {machine.get('gpu') or 'none'}, "
+            f"torch {machine.get('torch')}")
+
+
 def write_report(out: Path, name: str, report: dict, markdown: str) -> None:
     """``<name>.json`` and ``<name>.md`` into ``out``, and the markdown on stdout."""
     out.mkdir(parents=True, exist_ok=True)
