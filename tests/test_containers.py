@@ -92,11 +92,18 @@ def test_the_charts_redis_pod_runs_from_the_built_image() -> None:
         assert user == "999"
         denied = play_chart.engine("exec", container, "touch", "/etc/x", check=False)
         assert denied.returncode != 0 and "Read-only file system" in denied.stderr
-        # Its volume claim became a podman volume that outlives the pod.
+        # Its volume claim became a podman volume that outlives the pod; its emptyDir is
+        # the pod's own volume, and a replacement pod's starts empty.
         client.set("survives", "yes")
         client.bgrewriteaof()
+        play_chart.engine("exec", container, "touch", "/tmp/left-by-the-first-pod")
+        assert play_chart.engine("volume", "exists", f"{pod}-tmp",
+                                 check=False).returncode == 0
         cluster.remove(pod)
         cluster.play(workload, pod)
+        left = play_chart.engine("exec", play_chart.main_container(pod), "ls",
+                                 "/tmp/left-by-the-first-pod", check=False)
+        assert left.returncode != 0, "the replacement pod's emptyDir kept the old files"
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -128,6 +135,17 @@ def test_a_pod_spec_is_prepared_as_a_kubelet_would() -> None:
     assert env["ANCE_S3_ACCESS_KEY"]["value"] == "local-access-key"
     assert "ANCE_ANCERUN" not in env  # values-local.yaml: anceRun.enabled false
     assert all("ports" not in c for c in spec["containers"] + spec.get("initContainers", []))
+    # Each emptyDir is the pod's own volume (podman 4.3 would share one named `work`).
+    mounts = {m["mountPath"]: m["name"] for c in spec["containers"] for m in c["volumeMounts"]}
+    assert mounts["/work"] == "ance-train-trainer-0-work"
+    assert mounts["/tmp"] == "ance-train-trainer-0-tmp"
+    assert {v["name"] for v in spec["volumes"] if "emptyDir" in v} == {
+        "ance-train-trainer-0-work", "ance-train-trainer-0-tmp"}
+    inferencer = cluster.workload("inferencer")
+    other = next(d for d in cluster.pod_manifests(inferencer, inferencer.pod_name(1))
+                 if d["kind"] == "Pod")
+    assert {m["name"] for c in other["spec"]["containers"] for m in c["volumeMounts"]
+            if m["mountPath"] == "/work"} == {"ance-train-inferencer-1-work"}
     assert all(len(str(v)) <= 63 for v in pod["metadata"]["annotations"].values())
     aliases = {name: alias["ip"] for alias in spec["hostAliases"] for name in alias["hostnames"]}
     redis_pod = cluster.workload("redis").pod_name(0)

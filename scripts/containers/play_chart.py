@@ -3,8 +3,8 @@
 There is no Kubernetes API server here, so nothing runs the controllers or a kubelet. This
 script does, for the objects ``helm template`` renders, the few things they would do and
 podman 4.3's ``kube play`` cannot; everything else (images, commands, init containers,
-security contexts, read-only root file systems, ConfigMap, emptyDir and claim volumes,
-restart policies, memory limits) is podman playing the manifest as written:
+security contexts, read-only root file systems, ConfigMap and claim volumes, restart
+policies, memory limits) is podman playing the manifest as written:
 
 - **Controllers.** A Job or a StatefulSet is played as its pod template (podman 4.3 ignores a
   Job, and has no StatefulSet); each Deployment replica is one Pod named ``<deployment>-<i>``,
@@ -18,6 +18,10 @@ restart policies, memory limits) is podman playing the manifest as written:
 - **Annotations.** podman 4.3 refuses an annotation value over 63 characters ("value length
   exceeds Kubernetetes max 63", a limit Kubernetes puts on label values only), such as the
   chart's ``checksum/config``: those are left out (they only roll pods on a config change).
+- **emptyDir.** podman 4.3 makes an emptyDir a volume named after the volume alone, so
+  every pod's ``work`` was one volume, shared by all the release's pods and kept from run to
+  run (a trainer found an inferencer's downloads in its own checkpoint folder). Each emptyDir
+  becomes ``<pod>-<volume>``, removed before the pod is played: a new pod starts empty.
 - **Ports.** podman 4.3 publishes every ``containerPort`` on the host (it bound the host's
   :9100 for the first inferencer, and a second one could not start), where Kubernetes only
   declares it: ``ports`` are left out (a probe's named port becomes its number first). Pods
@@ -249,6 +253,7 @@ class LocalCluster:
         for container in spec.get("initContainers", []) + spec["containers"]:
             resolve_environment(container, pod_name, self.namespace, ip, secrets, config_maps)
             unpublish_ports(container)
+        own_empty_dirs(spec, pod_name)
         spec["hostAliases"] = self.host_aliases() + spec.get("hostAliases", [])
         docs: list[dict[str, Any]] = []
         if workload.kind == "Job" and spec.get("restartPolicy") not in ("Never", "OnFailure"):
@@ -279,6 +284,8 @@ class LocalCluster:
         docs = [d for d in self.pod_manifests(workload, pod_name)
                 if d["kind"] != "PersistentVolumeClaim" or engine(
                     "volume", "exists", d["metadata"]["name"], check=False).returncode != 0]
+        for name in empty_dir_volumes(docs):  # left by an earlier pod of that name
+            engine("volume", "rm", "--force", name, check=False)
         start = time.monotonic()
         self.kube_play(pod_name, docs)
         return time.monotonic() - start
@@ -304,6 +311,23 @@ class LocalCluster:
     def ensure_network(self) -> None:
         if engine("network", "exists", self.network, check=False).returncode != 0:
             engine("network", "create", "--subnet", str(self.subnet), self.network)
+
+
+def own_empty_dirs(spec: dict[str, Any], pod_name: str) -> None:
+    """Name each emptyDir volume (and its mounts) ``<pod>-<volume>`` (the module's
+    docstring)."""
+    renamed = {v["name"]: f"{pod_name}-{v['name']}" for v in spec.get("volumes", [])
+               if "emptyDir" in v}
+    for volume in spec.get("volumes", []):
+        volume["name"] = renamed.get(volume["name"], volume["name"])
+    for container in spec.get("initContainers", []) + spec["containers"]:
+        for mount in container.get("volumeMounts", []):
+            mount["name"] = renamed.get(mount["name"], mount["name"])
+
+
+def empty_dir_volumes(docs: list[dict[str, Any]]) -> list[str]:
+    return [v["name"] for d in docs if d["kind"] == "Pod"
+            for v in d["spec"].get("volumes", []) if "emptyDir" in v]
 
 
 def unpublish_ports(container: dict[str, Any]) -> None:
@@ -550,9 +574,12 @@ def command_test(cluster: LocalCluster, timeout_s: float = 900) -> int:
             resolve_environment(container, name, cluster.namespace, cluster.address(name),
                                 cluster.secret_values(), cluster.config_maps())
             unpublish_ports(container)
+        own_empty_dirs(pod["spec"], name)
         pod["spec"]["hostAliases"] = cluster.host_aliases()
         pod["metadata"]["annotations"] = {}  # hook annotations mean nothing to podman
         cluster.remove(name)
+        for volume in empty_dir_volumes([pod]):
+            engine("volume", "rm", "--force", volume, check=False)
         start = time.monotonic()
         cluster.kube_play(name, [pod])
         container = f"{name}-{pod['spec']['containers'][0]['name']}"

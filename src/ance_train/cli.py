@@ -188,8 +188,10 @@ def serve(
     role: Annotated[Role, typer.Argument(help="Which service this process runs.")],
     config: Annotated[Path, typer.Option("--config", envvar="ANCE_CONFIG")],
     redis_url: Annotated[str, typer.Option("--redis-url", envvar="ANCE_REDIS_URL")],
-    work_dir: Annotated[Path, typer.Option("--work-dir", envvar="ANCE_WORK_DIR")] = Path(
-        "/tmp/ance-work"),
+    work_dir: Annotated[Path | None, typer.Option(
+        "--work-dir", envvar="ANCE_WORK_DIR",
+        help="This process's own scratch folder (default: /tmp/ance-work/<role>-<instance>); "
+             "two processes may not share one.")] = None,
     instance: Annotated[str | None, typer.Option("--instance", envvar="ANCE_INSTANCE",
                                                  help="Replica name (default: host name).")] = None,
     host: Annotated[str, typer.Option("--host", envvar="ANCE_GRPC_HOST")] = "127.0.0.1",
@@ -202,6 +204,7 @@ def serve(
     from ance_train.infra.bus import RedisAuthError
     from ance_train.infra.credentials import redact
     from ance_train.infra.store import StorageError
+    from ance_train.infra.workdir import WorkDirInUse
     from ance_train.runtime import (
         DatasetNotPublished,
         ServiceOptions,
@@ -210,6 +213,9 @@ def serve(
 
     _check_environment(redis_url=redis_url)  # fail fast, clearly, before connecting anywhere
     _load(config)
+    instance = instance or socket.gethostname()
+    if work_dir is None:
+        work_dir = Path("/tmp/ance-work") / f"{role.value}-{instance}"
     if role is Role.trainer:
         from ance_train.observability.metrics import METRICS_PORT_VAR
         from ance_train.trainer.distributed import launched_rank
@@ -218,11 +224,11 @@ def serve(
             work_dir = work_dir / f"rank-{rank}"  # its own dataset copy and downloads
             os.environ.pop(METRICS_PORT_VAR, None)  # rank 0 serves the trainer's metrics
     options = ServiceOptions(role=role.value, config_path=str(config), redis_url=redis_url,
-                             work_dir=str(work_dir), instance=instance or socket.gethostname(),
+                             work_dir=str(work_dir), instance=instance,
                              grpc_host=host, grpc_port=port, store_dir=store_dir)
     try:
         ctx = connect_context(options)
-    except (RedisAuthError, DatasetNotPublished, StorageError) as error:
+    except (RedisAuthError, DatasetNotPublished, StorageError, WorkDirInUse) as error:
         err.print(f"[red]error:[/] {redact(str(error))}")
         raise typer.Exit(1) from None
     if role is Role.trainer:

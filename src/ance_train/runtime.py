@@ -30,6 +30,7 @@ from ance_train.infra.credentials import RedactingFormatter, cluster_mode, redac
 from ance_train.infra.process import exit_after_grace, termination_grace_s
 from ance_train.infra.rpc import GrpcServer, ServiceState
 from ance_train.infra.store import ObjectStore, store_from_env
+from ance_train.infra.workdir import claim_work_dir
 from ance_train.observability.kube import RunReporter
 from ance_train.observability.metrics import metrics_port, start_metrics_server
 from ance_train.protocol import keys
@@ -133,8 +134,7 @@ def connect_context(options: ServiceOptions) -> ServiceContext:
     setup_logging(options.role, options.instance)
     log = logging.getLogger(f"ance_train.{options.role}")
     config = load_config(options.config_path)
-    work_dir = Path(options.work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = claim_work_dir(Path(options.work_dir), options.role)
     reporter = RunReporter.from_env(options.role, options.instance).start()
     port = metrics_port()
     if port:
