@@ -345,3 +345,26 @@ def test_small_data_report_selects_by_both_rules(tmp_path: Path) -> None:
     assert written["curves"]["ance"]["0"]["test"] == pytest.approx(0.60)
     markdown = (tmp_path / "quality-small.md").read_text()
     assert "+0.0450 (p = 0.010)" in markdown and "-0.0020 (p = 0.800)" in markdown
+
+
+def test_a_recipe_variant_merges_but_a_budget_change_does_not() -> None:
+    """Which parts --combine accepts side by side (logic only, on report dicts): a labelled
+    variant may change negatives.* and the optimiser's recipe (a learning rate), not the
+    budget every method shares."""
+    from ance_train_dev.quality import _comparable, _shared_overrides
+
+    def part(overrides: list[str], **training: float) -> dict:
+        budget = {"training": {"steps": 30, "batch_size": 16, "learning_rate": 5e-5,
+                               "refresh_every": 15, "seed": 13, **training}}
+        return {"overrides": overrides, "budget": budget}
+
+    base = part([])
+    lower_lr = part(["training.learning_rate=2e-5"], learning_rate=2e-5, seed=42)
+    assert _comparable(lower_lr, "budget") == _comparable(base, "budget")
+    assert _shared_overrides(lower_lr["overrides"]) == _shared_overrides(base["overrides"])
+    assert _shared_overrides(["negatives.top_k=20", "training.warmup_steps=0"]) == []
+    longer = part(["training.steps=60"], steps=60)
+    assert _comparable(longer, "budget") != _comparable(base, "budget")
+    assert _shared_overrides(longer["overrides"]) == ["training.steps=60"]
+    assert _shared_overrides(["training.learning_rate_scale=2"]) == [
+        "training.learning_rate_scale=2"]  # a prefix of a recipe field is not that field

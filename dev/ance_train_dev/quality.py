@@ -520,29 +520,38 @@ def plot(report: dict, out: Path) -> list[str]:
     return names
 
 
+# What a labelled variant may change besides ``negatives.*``: the optimiser's recipe, not the
+# budget (steps, batch, refresh interval, lengths, threads) that makes parts comparable.
+RECIPE_FIELDS = ("learning_rate", "warmup_steps", "weight_decay")
+
+
 def _comparable(report: dict, key: str) -> object:
-    """``report[key]``, without the seed (older reports kept the first seed in the budget)."""
+    """``report[key]``, without the seed (older reports kept the first seed in the budget)
+    and the recipe fields a labelled variant may change."""
     value = report.get(key, "scifact" if key == "dataset" else None)  # older: SciFact only
     if key == "budget":
         value = {**value, "training": {k: v for k, v in value["training"].items()
-                                       if k != "seed"}}
+                                       if k != "seed" and k not in RECIPE_FIELDS}}
     return value
 
 
 def _shared_overrides(overrides: list[str]) -> list[str]:
-    """The overrides that may change what every method shares (all but ``negatives.*``)."""
-    return [o for o in overrides if not o.startswith("negatives.")]
+    """The overrides that may change what every method shares: all but ``negatives.*`` and
+    the recipe's ``training.<RECIPE_FIELDS>``."""
+    variant = ("negatives.", *(f"training.{field}=" for field in RECIPE_FIELDS))
+    return [o for o in overrides if not o.startswith(variant)]
 
 
 def _check_variants(paths: list[Path], reports: list[dict]) -> None:
-    """Parts may differ in ``negatives.*`` overrides only, and then only under distinct method
-    names (``--label``): every run of one method name was made with the same overrides."""
+    """Parts may differ in ``negatives.*`` and recipe (:data:`RECIPE_FIELDS`) overrides only,
+    and then only under distinct method names (``--label``): every run of one method name was
+    made with the same overrides."""
     overrides_of: dict[str, tuple[list[str], Path]] = {}
     for path, report in zip(paths, reports, strict=True):
         if _shared_overrides(report["overrides"]) != _shared_overrides(reports[0]["overrides"]):
             raise SystemExit(f"{path}: overrides {report['overrides']} differ from "
-                             f"{paths[0]}'s {reports[0]['overrides']} outside negatives.*; "
-                             "not comparable")
+                             f"{paths[0]}'s {reports[0]['overrides']} outside negatives.* and "
+                             f"training.{{{','.join(RECIPE_FIELDS)}}}; not comparable")
         for run in report["runs"]:
             overrides = run.get("overrides", report["overrides"])
             seen = overrides_of.setdefault(run["method"], (overrides, path))
@@ -556,7 +565,7 @@ def combine(paths: list[Path], name: str) -> dict:
 
     Parts may hold different methods (the cpu profile runs four per invocation), more seeds
     of methods already run, or labelled variants of a method (``--label``, different
-    ``negatives.*`` overrides); a (method, seed) pair may appear only once.
+    ``negatives.*`` or recipe overrides); a (method, seed) pair may appear only once.
     """
     reports = [json.loads(path.read_text()) for path in paths]
     first = reports[0]
@@ -576,7 +585,9 @@ def combine(paths: list[Path], name: str) -> dict:
     order = list(dict.fromkeys(run["method"] for report in reports for run in report["runs"]))
     runs = sorted((run for report in reports for run in report["runs"]),
                   key=lambda run: (order.index(run["method"]), run["seed"]))
-    return {**first, "name": name, "budget": _comparable(first, "budget"),
+    shared = {**first["budget"], "training": {k: v for k, v in first["budget"]["training"].items()
+                                              if k != "seed"}}  # a variant's recipe: "variants"
+    return {**first, "name": name, "budget": shared,
             "command": " && ".join(r["command"] for r in reports),
             "merged_by": command_line(),
             "parts": [{"file": str(p), "date": r["date"], "minutes": r["minutes"],

@@ -113,6 +113,7 @@ def summarise(path: Path) -> dict:
             "significance": significance_path.name,
             "dataset": report["dataset"], "profile": report["profile"],
             "budget": report.get("budget"), "train_queries": report.get("train_queries"),
+            "variants": report.get("variants", {}), "overrides": report.get("overrides", []),
             "machine": report.get("machine"), "date": report.get("date"),
             "references": {name: value["test"][MEASURE] for name, value in references.items()},
             "references_dev": {name: value["dev"][MEASURE] for name, value in references.items()},
@@ -169,6 +170,11 @@ def render(datasets: list[dict]) -> str:
                 f"{_cell(early['test_stats'])} | {early['steps']} | "
                 f"{_cell(best['dev_stats'])} | {_versus(found, method, ZERO_SHOT)} | "
                 f"{_versus(found, method, PEER) if method != PEER else '–'} |")
+        if data.get("variants"):
+            lines += ["", "Variants: " + "; ".join(
+                f"{label} = {v['method']} with "
+                + ", ".join(f"`{o}`" for o in v["overrides"] if o not in data["overrides"])
+                for label, v in data["variants"].items()) + "."]
         steps = sorted({step for curve in data["curves"].values() for step in curve})
         lines += ["", "Per checkpoint, mean over seeds (dev / test nDCG@10):", "",
                   "| method | " + " | ".join(str(s) for s in steps) + " |",
