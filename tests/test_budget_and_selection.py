@@ -20,6 +20,8 @@ import pytest
 
 from ance_train.config import (
     MIN_DEV_QUERIES,
+    SMALL_TRAIN_LEARNING_RATE,
+    SMALL_TRAIN_QUERIES,
     ConfigError,
     EarlyStoppingConfig,
     load_config,
@@ -181,6 +183,23 @@ def test_validate_warns_of_a_small_dev_set_and_shows_the_resolved_budget(
     assert result.returncode == 0, result.stderr
     assert f"below {MIN_DEV_QUERIES}" in result.stderr.replace("\n", " ")
     assert "2 epochs ×" in result.stdout
+    # The default learning rate (1e-5) is already at or below the small-set one: no advice.
+    assert "training.learning_rate=" not in result.stderr
+
+
+def test_validate_advises_a_lower_learning_rate_on_a_small_training_set(
+        tmp_path: Path, scifact_subset, tiny_model) -> None:
+    config = write_config(tmp_path / "c.yaml", run_id="smalltrain",
+                          output_dir=str(tmp_path / "runs"),
+                          data={"path": str(scifact_subset)}, model={"path": str(tiny_model)},
+                          training={"steps": 10, "learning_rate": 5e-5},
+                          negatives={"pool": "ann", "warmup": "none"})
+    result = _ance("validate", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    stderr = " ".join(result.stderr.split())
+    assert f"training queries, below {SMALL_TRAIN_QUERIES}" in stderr
+    assert "at training.learning_rate 5e-05" in stderr
+    assert f"--set training.learning_rate={SMALL_TRAIN_LEARNING_RATE:g}" in stderr
 
 
 # -- one real run: epochs + early stopping ---------------------------------------------------

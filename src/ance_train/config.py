@@ -340,6 +340,14 @@ DEFAULT_STEPS = 1000  # training.steps when neither steps nor epochs is given
 # than what selection tries to tell apart; raise ``data.dev_fraction`` or give a dev split.
 MIN_DEV_QUERIES = 50
 
+# Below this many training queries the run is a small-data fine-tune (issue 33). On the
+# 150-query proxies (docs/benchmarks/quality-small.md, 3 seeds, the cpu budget) a learning
+# rate of 2e-5 held NFCorpus-150's 324-query dev nDCG@10 at the pretrained model's (0.3009 at
+# the last checkpoint, 0.3005 zero-shot) where 5e-5, the quickstart's, fell to 0.2865; on
+# SciFact-150's 15-query dev the two were level (0.5365, 0.5396). Decided on dev only.
+SMALL_TRAIN_QUERIES = 500
+SMALL_TRAIN_LEARNING_RATE = 2e-5
+
 
 class EarlyStoppingConfig(_Strict):
     """End training when the dev metric stops improving (trainer/early_stopping.py): after

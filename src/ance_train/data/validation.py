@@ -20,7 +20,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from ance_train.config import MIN_DEV_QUERIES, DataConfig
+from ance_train.config import (
+    MIN_DEV_QUERIES,
+    SMALL_TRAIN_LEARNING_RATE,
+    SMALL_TRAIN_QUERIES,
+    DataConfig,
+)
 from ance_train.data.dataset import DatasetIndex, Qrels, is_positive
 from ance_train.data.formats import (
     DatasetFiles,
@@ -232,6 +237,21 @@ def dev_size_warning(index: DatasetIndex) -> str | None:
             "bench/quality.py) is chosen within noise of about ±0.3/sqrt(n) "
             f"(±{0.3 / max(n, 1) ** 0.5:.2f}); raise data.dev_fraction / data.dev_max_queries "
             "or give a dev qrels file, and read each eval report's dev_ci95")
+
+
+def small_training_set_advice(index: DatasetIndex, learning_rate: float) -> str | None:
+    """Advice when the training set is small (fewer than
+    :data:`~ance_train.config.SMALL_TRAIN_QUERIES` queries with a positive) and the learning
+    rate above the one that held dev there (the evidence is beside the constants); ``validate``
+    and ``run`` print it. None otherwise."""
+    n = index.trainable_queries
+    if n >= SMALL_TRAIN_QUERIES or learning_rate <= SMALL_TRAIN_LEARNING_RATE:
+        return None
+    return (f"{n} training queries, below {SMALL_TRAIN_QUERIES}: at training.learning_rate "
+            f"{learning_rate:g} a small training set can pull the model below where it "
+            f"started; on 150-query proxies {SMALL_TRAIN_LEARNING_RATE:g} held dev where 5e-05 "
+            f"lost (docs/benchmarks/quality-small.md): consider --set "
+            f"training.learning_rate={SMALL_TRAIN_LEARNING_RATE:g}")
 
 
 def validate_dataset(cfg: DataConfig, cache_dir: str | Path, seed: int = 42) -> DatasetIndex:
