@@ -594,9 +594,9 @@ def combine(paths: list[Path], name: str) -> dict:
                        "methods": r["methods"], "seeds": r["seeds"]}
                       for p, r in zip(paths, reports, strict=True)],
             "seeds": sorted({run["seed"] for run in runs}), "methods": order, "runs": runs,
-            "overrides": (first["overrides"] if all(r["overrides"] == first["overrides"]
-                                                    for r in reports)
-                          else _shared_overrides(first["overrides"])),
+            # What every part was run with (a variant's own: "variants").
+            "overrides": [o for o in first["overrides"]
+                          if all(o in r["overrides"] for r in reports)],
             "variants": labelled_variants(runs),
             "aggregate": aggregate(runs), "minutes": sum(r["minutes"] for r in reports)}
 
