@@ -525,13 +525,18 @@ def plot(report: dict, out: Path) -> list[str]:
 RECIPE_FIELDS = ("learning_rate", "warmup_steps", "weight_decay")
 
 
+def _budget_without(budget: dict, fields: tuple[str, ...]) -> dict:
+    """``budget`` without these ``training`` fields."""
+    return {**budget, "training": {k: v for k, v in budget["training"].items()
+                                   if k not in fields}}
+
+
 def _comparable(report: dict, key: str) -> object:
     """``report[key]``, without the seed (older reports kept the first seed in the budget)
     and the recipe fields a labelled variant may change."""
     value = report.get(key, "scifact" if key == "dataset" else None)  # older: SciFact only
     if key == "budget":
-        value = {**value, "training": {k: v for k, v in value["training"].items()
-                                       if k != "seed" and k not in RECIPE_FIELDS}}
+        value = _budget_without(value, ("seed", *RECIPE_FIELDS))
     return value
 
 
@@ -585,9 +590,8 @@ def combine(paths: list[Path], name: str) -> dict:
     order = list(dict.fromkeys(run["method"] for report in reports for run in report["runs"]))
     runs = sorted((run for report in reports for run in report["runs"]),
                   key=lambda run: (order.index(run["method"]), run["seed"]))
-    shared = {**first["budget"], "training": {k: v for k, v in first["budget"]["training"].items()
-                                              if k != "seed"}}  # a variant's recipe: "variants"
-    return {**first, "name": name, "budget": shared,
+    # The first part's recipe; a variant's own is under "variants".
+    return {**first, "name": name, "budget": _budget_without(first["budget"], ("seed",)),
             "command": " && ".join(r["command"] for r in reports),
             "merged_by": command_line(),
             "parts": [{"file": str(p), "date": r["date"], "minutes": r["minutes"],

@@ -284,8 +284,6 @@ class LocalCluster:
         docs = [d for d in self.pod_manifests(workload, pod_name)
                 if d["kind"] != "PersistentVolumeClaim" or engine(
                     "volume", "exists", d["metadata"]["name"], check=False).returncode != 0]
-        for name in empty_dir_volumes(docs):  # left by an earlier pod of that name
-            engine("volume", "rm", "--force", name, check=False)
         start = time.monotonic()
         self.kube_play(pod_name, docs)
         return time.monotonic() - start
@@ -298,7 +296,10 @@ class LocalCluster:
         self.kube_play(pod_name, docs)
 
     def kube_play(self, pod_name: str, docs: list[dict[str, Any]]) -> None:
-        """Write the pod's manifests under build/ and play them at the pod's address."""
+        """Write the pod's manifests under build/ and play them at the pod's address, its
+        emptyDir volumes removed first (left by an earlier pod of that name)."""
+        for name in empty_dir_volumes(docs):
+            engine("volume", "rm", "--force", name, check=False)
         path = self.state_dir / "pods" / f"{pod_name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
@@ -578,8 +579,6 @@ def command_test(cluster: LocalCluster, timeout_s: float = 900) -> int:
         pod["spec"]["hostAliases"] = cluster.host_aliases()
         pod["metadata"]["annotations"] = {}  # hook annotations mean nothing to podman
         cluster.remove(name)
-        for volume in empty_dir_volumes([pod]):
-            engine("volume", "rm", "--force", volume, check=False)
         start = time.monotonic()
         cluster.kube_play(name, [pod])
         container = f"{name}-{pod['spec']['containers'][0]['name']}"

@@ -291,11 +291,7 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")],
 
     from ance_train.config import ConfigError, resolve_budget
     from ance_train.data.problems import DataError
-    from ance_train.data.validation import (
-        dev_size_warning,
-        small_training_set_advice,
-        validate_dataset,
-    )
+    from ance_train.data.validation import selection_notices, validate_dataset
     from ance_train.infra.store import StorageError
     from ance_train.modeling.files import ModelLoadError, check_encoder
     from ance_train.modeling.source import resolve_model
@@ -311,10 +307,8 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")],
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     described = _describe_dataset(index)
-    if (small_dev := dev_size_warning(index)) is not None:
-        err.print(f"[yellow]warning:[/] {small_dev}")
-    if (advice := small_training_set_advice(index, cfg.training.learning_rate)) is not None:
-        err.print(f"[yellow]note:[/] {advice}")
+    for level, text in selection_notices(index, cfg.training.learning_rate):
+        err.print(f"[yellow]{level}:[/] {text}")
     try:
         cfg = resolve_budget(cfg, index.trainable_queries)
     except ConfigError as error:

@@ -254,6 +254,14 @@ def small_training_set_advice(index: DatasetIndex, learning_rate: float) -> str 
             f"training.learning_rate={SMALL_TRAIN_LEARNING_RATE:g}")
 
 
+def selection_notices(index: DatasetIndex, learning_rate: float) -> list[tuple[str, str]]:
+    """What ``validate`` and ``run`` print about a small dataset before any work: (``warning``
+    or ``note``, text) for :func:`dev_size_warning` and :func:`small_training_set_advice`."""
+    notices = [("warning", dev_size_warning(index)),
+               ("note", small_training_set_advice(index, learning_rate))]
+    return [(level, text) for level, text in notices if text is not None]
+
+
 def validate_dataset(cfg: DataConfig, cache_dir: str | Path, seed: int = 42) -> DatasetIndex:
     """Validate the dataset of ``cfg``, write ``doc_offsets.npy`` and ``dataset.json`` to
     ``cache_dir`` (atomically, only on success) and return the index.

@@ -31,11 +31,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ance_train.config import RunConfig, dump_config, resolve_budget
-from ance_train.data.validation import (
-    dev_size_warning,
-    small_training_set_advice,
-    validate_dataset,
-)
+from ance_train.data.validation import selection_notices, validate_dataset
 from ance_train.index.capacity import encoder_size, run_store_bytes
 from ance_train.infra.bus import REDIS_UNAVAILABLE, EventBus, connect
 from ance_train.infra.credentials import redis_password
@@ -232,11 +228,8 @@ class EmbeddedRun:
             staging.rename(self.run_dir / "cache")
         for warning in self.dataset.warnings:
             console.print(f"[yellow]warning:[/] {warning}")
-        if (small_dev := dev_size_warning(self.dataset)) is not None:
-            console.print(f"[yellow]warning:[/] {small_dev}")
-        advice = small_training_set_advice(self.dataset, self.config.training.learning_rate)
-        if advice is not None:
-            console.print(f"[yellow]note:[/] {advice}")
+        for level, text in selection_notices(self.dataset, self.config.training.learning_rate):
+            console.print(f"[yellow]{level}:[/] {text}")
         console.print(f"dataset: {self.dataset.num_docs} docs, {len(self.dataset.train)} train / "
                       f"{len(self.dataset.dev)} dev / {len(self.dataset.test)} test queries")
         self.resolved_config = self.run_dir / "config.yaml"
