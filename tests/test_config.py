@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from ance_train.config import (
     ConfigError,
     RunConfig,
+    TrainingConfig,
     default_model_path,
     dump_config,
     load_config,
@@ -427,3 +429,11 @@ def test_checkpoint_steps_follow_one_rule() -> None:
     need = run_store_bytes(cfg, docs=100, train_queries=10, eval_queries=0, dim=8,
                            model_params=1000)
     assert need.checkpoints == 4
+
+
+def test_wise_ft_alpha_is_a_fraction_of_the_way_to_the_trained_weights() -> None:
+    assert TrainingConfig().wise_ft_alpha == 1.0  # off: the trained weights are published
+    assert TrainingConfig(wise_ft_alpha=0.5).wise_ft_alpha == 0.5
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValidationError, match="wise_ft_alpha"):
+            TrainingConfig(wise_ft_alpha=bad)

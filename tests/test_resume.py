@@ -165,13 +165,15 @@ def test_state_format_errors_name_the_problem(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the real Trainer
 
 
-def _prepare(root: Path, run_id: str, redis_url: str, tiny_model: Path, data: Path) -> Harness:
+def _prepare(root: Path, run_id: str, redis_url: str, tiny_model: Path, data: Path,
+             wise_ft_alpha: float = 1.0) -> Harness:
     root.mkdir()
     return Harness.prepare(
         root, redis_url, run_id=run_id, data={"path": str(data), "dev_fraction": 0.2},
         model={"path": str(tiny_model), "max_query_length": 16, "max_doc_length": 32},
         training={"steps": K + 2, "batch_size": 4, "refresh_every": K, "warmup_steps": 1,
-                  "learning_rate": 1e-3, "torch_threads": 1, "mixed_precision": "off"},
+                  "learning_rate": 1e-3, "torch_threads": 1, "mixed_precision": "off",
+                  "wise_ft_alpha": wise_ft_alpha},
         negatives={"pool": "random", "per_query": 2, "warmup": "none"},
     )
 
@@ -184,9 +186,10 @@ def _trainer(harness: Harness, instance: str) -> Trainer:
     return Trainer(context)
 
 
-def _final_weights(harness: Harness) -> dict[str, torch.Tensor]:
-    target = harness.root / "final"
-    harness.store.get_dir(keys.checkpoint(K + 2), target)
+def _final_weights(harness: Harness, step: int = K + 2) -> dict[str, torch.Tensor]:
+    """The model file of checkpoint ``step`` (the published weights)."""
+    target = harness.root / f"checkpoint-{step}"
+    harness.store.get_dir(keys.checkpoint(step), target)
     return load_file(str(target / "model.safetensors"))
 
 
@@ -296,3 +299,47 @@ def test_launcher_never_resumes_an_earlier_run_left_in_s3(tmp_path: Path, s3_env
         run.stop()
     assert not store.exists(old_checkpoint)
     assert store.list("checkpoints") == [] and store.list("data")  # only the new dataset
+
+
+def test_interpolated_checkpoints_blend_the_start_and_leave_training_alone(
+        tmp_path: Path, redis_server, tiny_model: Path, scifact_subset: Path) -> None:
+    """training.wise_ft_alpha (trainer/interpolation.py). Random negatives do not depend on the
+    published checkpoints, so a run at α = 0.5 must train exactly as one at α = 1; what it
+    publishes is θ0 + 0.5 (θ − θ0), θ being the other run's weights; and a restarted run
+    resumes from θ (the training state), not from the published blend."""
+    plain = _prepare(tmp_path / "plain", "plain", redis_server.url, tiny_model, scifact_subset)
+    trained = _trainer(plain, "a").run()
+    blended = _prepare(tmp_path / "blend", "blend", redis_server.url, tiny_model, scifact_subset,
+                       wise_ft_alpha=0.5)
+    record = _trainer(blended, "a").run()
+    assert record.losses == trained.losses, "the swap of weights at a checkpoint changed training"
+
+    start = load_file(str(_stored(blended, keys.START_WEIGHTS, tmp_path / "start")))
+    theta0 = _final_weights(blended, 0)
+    for step in (K, K + 2):
+        theta, published = _final_weights(plain, step), _final_weights(blended, step)
+        assert theta.keys() == published.keys()
+        moved = 0
+        for name, value in theta.items():
+            if not value.is_floating_point():
+                assert torch.equal(published[name], value), name
+                continue
+            # The stored θ0 is named as the BiEncoder's state (the encoder under "encoder.").
+            assert torch.equal(start[f"encoder.{name}"], theta0[name]), f"θ0 {name}"
+            assert torch.allclose(published[name], theta0[name] + 0.5 * (value - theta0[name]),
+                                  atol=1e-7), name
+            moved += not torch.equal(value, theta0[name])
+        assert moved, "training changed no weight: the blend would prove nothing"
+
+    restarted = _prepare(tmp_path / "restart", "restart", redis_server.url, tiny_model,
+                         scifact_subset, wise_ft_alpha=0.5)
+    _run_until_past_checkpoint(restarted)
+    resumed = _trainer(restarted, "c").run()
+    assert resumed.losses == trained.losses, "resumed from the blend instead of θ"
+    for name, value in _final_weights(blended).items():
+        assert torch.equal(_final_weights(restarted)[name], value), name
+
+
+def _stored(harness: Harness, key: str, path: Path) -> Path:
+    harness.store.get_file(key, path)
+    return path

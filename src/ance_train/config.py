@@ -406,6 +406,13 @@ class TrainingConfig(_Strict):
         None, ge=0, description="GradCache (Gao et al. 2021, arXiv 2101.06983): encode at most "
                                 "this many texts at a time with the graph; the loss is still "
                                 "that of the whole batch. None or 0: off.")
+    wise_ft_alpha: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="WiSE-FT (Wortsman et al., arXiv 2109.01903): every checkpoint is published "
+                    "as θ0 + α (θ − θ0), the starting weights θ0 moved this fraction of the way "
+                    "to the trained θ; the inferencers encode, the indexer mines and evaluates, "
+                    "and export writes that model, while training goes on from θ "
+                    "(trainer/interpolation.py). 1: the trained weights (off).")
 
     _resolved_steps: int | None = PrivateAttr(None)  # epochs → steps (resolve_budget)
     _steps_per_epoch: int | None = PrivateAttr(None)

@@ -21,6 +21,9 @@ DATASET_INDEX = f"data/{DATASET_INDEX_FILE}"
 DOC_OFFSETS = f"data/{DOC_OFFSETS_FILE}"
 # The trainer's record of the run (losses, async gaps, swaps), written at the end.
 TRAINER_SUMMARY = "trainer/summary.json"
+# The starting weights θ0 of a run with training.wise_ft_alpha < 1 (trainer/interpolation.py),
+# stored once when it starts: every published checkpoint is a blend of θ0 and the trained θ.
+START_WEIGHTS = "trainer/start_weights.safetensors"
 # The run configuration as the trainer read it (what `ance-train export` puts in the card).
 RUN_CONFIG = "config.yaml"
 TENSORBOARD = "tensorboard"

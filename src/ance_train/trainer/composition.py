@@ -35,6 +35,7 @@ from ance_train.trainer.checkpoints import CheckpointPublisher, latest_complete_
 from ance_train.trainer.core_sharing import RefreshAwareThreads
 from ance_train.trainer.distributed import DistributedContext, broadcast_object, init_from_env
 from ance_train.trainer.early_stopping import EarlyStopping
+from ance_train.trainer.interpolation import StartInterpolation
 from ance_train.trainer.negative_sources import NegativesPicker
 from ance_train.trainer.negatives_feed import NegativesFeed, TablesAnnouncer
 from ance_train.trainer.prefetch import BatchPreparer
@@ -62,6 +63,7 @@ class TrainerParts:
     model_dir: Path                      # where the model (and training state) was read
     tokenizer: Any
     model: BiEncoder
+    interpolation: StartInterpolation | None  # training.wise_ft_alpha < 1 (rank 0 publishes)
     preparer: BatchPreparer
     encoder: torch.nn.Module             # DDP over the pair encoder with several ranks
     optimizer: torch.optim.Optimizer
@@ -123,6 +125,9 @@ def build_parts(ctx: ServiceContext, current_step: Callable[[], int]) -> Trainer
         model_dir = base_model_dir(cfg.model, ctx.store, ctx.work_dir / "base-model")
     tokenizer = load_tokenizer(model_dir)
     model = BiEncoder.from_pretrained(model_dir, cfg.model).to(device)
+    interpolation = (StartInterpolation.for_run(model, cfg.training.wise_ft_alpha, ctx.store,
+                                                ctx.work_dir, resumed_from is not None)
+                     if dist.is_main else None)
     # Reads and tokenises the next batch while a step computes; its own tokenizer (the loop's
     # thread saves ``tokenizer`` into checkpoints meanwhile).
     batch_tokenizer = load_tokenizer(model_dir)
@@ -158,7 +163,7 @@ def build_parts(ctx: ServiceContext, current_step: Callable[[], int]) -> Trainer
     return TrainerParts(
         dist=dist, device=device, threads=threads, early=early, queue=queue,
         publisher=publisher, resumed_from=resumed_from, model_dir=model_dir,
-        tokenizer=tokenizer, model=model, preparer=preparer,
+        tokenizer=tokenizer, model=model, interpolation=interpolation, preparer=preparer,
         encoder=encoder, optimizer=optimizer,
         scheduler=scheduler, batches=batches, feed=feed, picker=picker, dance=dance,
         tables=tables,

@@ -47,6 +47,7 @@ from ance_train.trainer.distributed import (
     broadcast_object,
     launched_rank,
 )
+from ance_train.trainer.interpolation import load_weights
 from ance_train.trainer.loss import layer_grad_norms
 from ance_train.trainer.prefetch import PlannedBatch, StepInputs
 from ance_train.trainer.step import backward_step
@@ -97,6 +98,7 @@ class Trainer:
         self.dist, self.device, self.threads, self.early = p.dist, p.device, p.threads, p.early
         self.queue, self.publisher, self.resumed_from = p.queue, p.publisher, p.resumed_from
         self.tokenizer, self.model, self.preparer = p.tokenizer, p.model, p.preparer
+        self.interpolation = p.interpolation  # training.wise_ft_alpha (rank 0)
         self.encoder, self.optimizer, self.scheduler = p.encoder, p.optimizer, p.scheduler
         self.batches, self.feed, self.picker, self.dance = p.batches, p.feed, p.picker, p.dance
         self.tables, self.retention = p.tables, p.retention
@@ -113,6 +115,8 @@ class Trainer:
     def _restore(self, state: TrainingState) -> TrainingState:
         """Optimizer, scheduler, batch position and records of a checkpoint (the RNG states
         and the negatives tables are restored by ``run``, right before the loop)."""
+        if state.trained_weights is not None:  # the model files hold a blend (.interpolation)
+            load_weights(self.model, state.trained_weights)
         self.optimizer.load_state_dict(state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
         self.batches.load_state_dict(state.batches)
@@ -438,8 +442,13 @@ class Trainer:
         self.tables.checkpoint_saved(step, (state.negatives.ann, state.negatives.dual))
         if self.threads is not None:
             self.threads.checkpoint_saved(step)
-        self.publisher.publish(step, self.model, self.tokenizer, state).add_done_callback(
-            functools.partial(self._published, step))
+        if self.interpolation is None:
+            upload = self.publisher.publish(step, self.model, self.tokenizer, state)
+        else:  # the model files hold θ0 + α (θ − θ0), the state θ
+            with self.interpolation.published(self.model) as trained:
+                state.trained_weights = trained
+                upload = self.publisher.publish(step, self.model, self.tokenizer, state)
+        upload.add_done_callback(functools.partial(self._published, step))
         self.ctx.state.update(checkpoint_step=step)
         self.tracking.flush()
 

@@ -49,13 +49,17 @@ class TrainingState:
     # :mod:`.prefetch`): ``batches`` is the sampler's position after it. None: none was built
     # (checkpoint 0, the last step, or a checkpoint written before the lookahead existed).
     lookahead: dict[str, Any] | None = None
+    # The trained weights θ where the checkpoint's model files hold a blend of them with the
+    # starting weights (training.wise_ft_alpha < 1, :mod:`.interpolation`); None: the model
+    # files are the trained weights.
+    trained_weights: dict[str, torch.Tensor] | None = None
 
     def save(self, directory: Path) -> None:
         """Write the two state files into a checkpoint directory."""
         body = {"version": FORMAT_VERSION, "step": self.step, "optimizer": self.optimizer,
                 "scheduler": self.scheduler, "rng": self.rng, "batches": self.batches,
                 "negatives": vars(self.negatives), "record": self.record,
-                "lookahead": self.lookahead}
+                "lookahead": self.lookahead, "trained_weights": self.trained_weights}
         save_state(body, directory / STATE_JSON, directory / STATE_TENSORS)
 
     @classmethod
@@ -69,7 +73,8 @@ class TrainingState:
         return cls(step=int(body["step"]), optimizer=body["optimizer"],
                    scheduler=body["scheduler"], rng=body["rng"], batches=body["batches"],
                    negatives=NegativesInUse(**body["negatives"]), record=body["record"],
-                   lookahead=body.get("lookahead"))
+                   lookahead=body.get("lookahead"),
+                   trained_weights=body.get("trained_weights"))
 
 
 def capture_rng() -> dict[str, Any]:
