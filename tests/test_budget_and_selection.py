@@ -153,13 +153,16 @@ def _refresh(step: int, value: float, ci: tuple[float, float] | None = None) -> 
             "ci95": {"dev": {"ndcg@10": list(ci)}} if ci else {}}
 
 
-def test_earliest_within_noise_selection() -> None:
+def test_selection_rules_within_the_dev_noise() -> None:
     refreshes = [_refresh(0, 0.20), _refresh(10, 0.41), _refresh(20, 0.44),
-                 _refresh(30, 0.45, (0.40, 0.50)), _refresh(40, 0.43)]
+                 _refresh(30, 0.45, (0.40, 0.50)), _refresh(40, 0.43), _refresh(50, 0.39)]
     assert select_checkpoint(refreshes)["step"] == 30  # the default: best
     assert select_checkpoint(refreshes, "earliest-within-noise")["step"] == 10
+    assert select_checkpoint(refreshes, "latest-within-noise")["step"] == 40  # 50 is below
+    assert select_checkpoint(refreshes, "last")["step"] == 50
     no_interval = [{**r, "ci95": {}} for r in refreshes]
     assert select_checkpoint(no_interval, "earliest-within-noise")["step"] == 30
+    assert select_checkpoint(no_interval, "latest-within-noise")["step"] == 30
     with pytest.raises(ValueError):
         select_checkpoint(refreshes, "latest")
 

@@ -11,11 +11,13 @@ import pytest
 import torch
 import yaml
 
-from ance_train.config import parse_config
+from ance_train.config import MIN_DEV_QUERIES, parse_config
+from ance_train.data.dataset import DatasetIndex
 from ance_train.infra.store import LocalStore
 from ance_train.modeling.export import ExportError, export_checkpoint, select_checkpoint
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.protocol import keys
+from ance_train.protocol.selection import DevPoint, select_on_dev
 from ance_train.trainer.training_state import STATE_JSON
 
 from ance_train_dev.helpers import assert_export_loads_like, card_metrics, model_card_metadata
@@ -130,3 +132,36 @@ def test_model_card_names_where_dev_came_from() -> None:
         "the dev qrels (dev2.tsv)"
     auto = _dev_source(RunConfig(data={"path": "/d"}))
     assert "qrels/dev.tsv" in auto and "held-out slice" in auto
+
+
+def _with_dev_split(store: LocalStore, queries: int, interval: tuple[float, float]) -> None:
+    """The run's dataset index with a dev split of ``queries`` queries, and the best (step 5)
+    report's dev interval."""
+    index = DatasetIndex(format="beir", num_docs=3, dev={f"q{i}": {0: 1} for i in range(queries)})
+    store.put_bytes(keys.DATASET_INDEX, index.to_json().encode())
+    report = store.get_json(keys.eval_report(5))
+    store.put_json(keys.eval_report(5), {**report, "ci95": {"dev": {"ndcg@10": interval}}})
+
+
+def test_best_with_a_tiny_dev_split_is_the_latest_within_its_noise(run_store) -> None:
+    """protocol/selection.py: below MIN_DEV_QUERIES dev queries, step 10 (0.25) is within the
+    best's interval (step 5: 0.30, [0.20, 0.40]) and is the later one; with enough queries,
+    or a narrower interval, the highest dev value is."""
+    store, _, _ = run_store
+    _with_dev_split(store, MIN_DEV_QUERIES - 1, (0.20, 0.40))
+    assert select_checkpoint(store, "best") == 10
+    _with_dev_split(store, MIN_DEV_QUERIES - 1, (0.27, 0.33))
+    assert select_checkpoint(store, "best") == 5
+    _with_dev_split(store, MIN_DEV_QUERIES, (0.20, 0.40))
+    assert select_checkpoint(store, "best") == 5
+
+
+def test_selection_rules_on_dev_points() -> None:
+    points = [DevPoint(0, 0.2), DevPoint(10, 0.41), DevPoint(20, 0.45, (0.40, 0.50)),
+              DevPoint(30, 0.43), DevPoint(40, 0.39)]
+    assert select_on_dev(points, dev_queries=None) == 20
+    assert select_on_dev(points, dev_queries=MIN_DEV_QUERIES) == 20
+    assert select_on_dev(points, dev_queries=15) == 30  # 40 is below the interval
+    assert select_on_dev([DevPoint(0, 0.2), DevPoint(5, 0.3)], dev_queries=15) == 5  # none
+    with pytest.raises(ValueError, match="no evaluated checkpoint"):
+        select_on_dev([], dev_queries=15)

@@ -62,6 +62,15 @@ import numpy as np
 import yaml
 
 from ance_train.config import apply_overrides, parse_override
+from ance_train.data.dataset import DatasetIndex
+from ance_train.protocol import keys
+from ance_train.protocol.selection import (
+    DevPoint,
+    best_step,
+    earliest_within_noise,
+    latest_within_noise,
+    select_on_dev,
+)
 
 from ance_train_dev.report import command_line, machine, utc_now, write_report
 
@@ -134,11 +143,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--refresh-every", type=int, help="Override the refresh interval.")
     parser.add_argument("--max-doc-length", type=int, help="Override the document length.")
     parser.add_argument(
-        "--select", choices=SELECTION_RULES, default="best",
-        help="Which checkpoint of a run is reported: best (the highest dev nDCG@10; the "
-             "default) or earliest-within-noise (the earliest whose dev nDCG@10 reaches the "
-             "lower end of the best's bootstrap 95%% interval, eval reports' ci95). Which "
-             "should be the default needs dev-side comparison runs not made yet.")
+        "--select", choices=SELECTION_RULES, default="auto",
+        help="Which checkpoint of a run is reported: auto (the default: what ance-train "
+             "export --checkpoint best picks, protocol/selection.py: best, or "
+             "latest-within-noise where dev has fewer than 50 queries), best (the highest dev "
+             "nDCG@10), earliest-within-noise / latest-within-noise (the earliest / latest "
+             "whose dev nDCG@10 reaches the lower end of the best's bootstrap 95%% interval, "
+             "eval reports' ci95) or last. bench/interpolation.py --heldout-data scores the "
+             "rules on a cut's held-out training queries.")
     parser.add_argument("--runs-dir", type=Path, help="Where runs go (default: a temp dir).")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="With --runs-dir: keep model checkpoints and work directories too "
@@ -289,27 +301,40 @@ def finished_run(config: dict, config_path: Path, run_dir: Path) -> dict | None:
     return summary
 
 
-SELECTION_RULES = ("best", "earliest-within-noise")
+SELECTION_RULES = ("auto", "best", "earliest-within-noise", "latest-within-noise", "last")
 
 
 def select_checkpoint(refreshes: list[dict], rule: str = "best",
-                      measure: str = "ndcg@10") -> dict:
-    """The refresh reported for a run, by dev ``measure``. ``best``: the highest (the
-    earliest of equals). ``earliest-within-noise``: the earliest whose value reaches the lower
-    end of the best's bootstrap 95% interval (``ci95`` of its eval report,
-    ``evaluation.bootstrap_ci``), i.e. no worse than the best by more than the dev set's
-    noise; the best itself when its report has no interval."""
+                      measure: str = "ndcg@10", dev_queries: int | None = None) -> dict:
+    """The refresh reported for a run, by dev ``measure`` (the rules are
+    ``ance_train.protocol.selection``'s). ``auto``: what ``ance-train export --checkpoint
+    best`` picks (``best``, or ``latest-within-noise`` when the dev split has fewer than
+    ``MIN_DEV_QUERIES`` queries, ``dev_queries``). ``best``: the highest (the earliest of
+    equals). ``earliest-within-noise`` / ``latest-within-noise``: the earliest / latest whose
+    value reaches the lower end of the best's bootstrap 95% interval (``ci95`` of its eval
+    report, ``evaluation.bootstrap_ci``), i.e. no worse than the best by more than the dev
+    set's noise; the best itself when its report has no interval. ``last``: the last
+    checkpoint, whatever dev says."""
     if rule not in SELECTION_RULES:
         raise ValueError(f"unknown selection rule {rule!r}: expected one of {SELECTION_RULES}")
-    best = max(refreshes, key=lambda r: (r["metrics"]["dev"][measure], -r["step"]))
-    if rule == "best":
-        return best
-    interval = best.get("ci95", {}).get("dev", {}).get(measure)
-    if interval is None:
-        return best
-    floor = interval[0]
-    return min((r for r in refreshes if r["metrics"]["dev"][measure] >= floor),
-               key=lambda r: r["step"])
+    points = [DevPoint(r["step"], r["metrics"]["dev"][measure],
+                       _interval(r.get("ci95", {}).get("dev", {}).get(measure)))
+              for r in refreshes]
+    if rule == "last":
+        step = max(p.step for p in points)
+    elif rule == "auto":
+        step = select_on_dev(points, dev_queries)
+    elif rule == "best":
+        step = best_step(points)
+    elif rule == "latest-within-noise":
+        step = latest_within_noise(points)
+    else:
+        step = earliest_within_noise(points)
+    return next(r for r in refreshes if r["step"] == step)
+
+
+def _interval(values: list[float] | None) -> tuple[float, float] | None:
+    return None if values is None else (float(values[0]), float(values[1]))
 
 
 def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:
@@ -349,7 +374,9 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
                            f"{run_dir / 'summary.json'}; the zero-shot reference is missing")
     if not args.keep_checkpoints:
         prune_run(run_dir, config["run_id"])
-    best = select_checkpoint(refreshes, args.select)
+    index = DatasetIndex.from_json((run_dir / "store" / config["run_id"] / keys.DATASET_INDEX)
+                                   .read_text())
+    best = select_checkpoint(refreshes, args.select, dev_queries=len(index.dev))
     trainer = summary["trainer"]
     return {"method": args.label or method, "base_method": method,
             "overrides": args.overrides, "seed": seed, "minutes": minutes,

@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, cast
 import yaml
 
 from ance_train.config import ConfigError, RunConfig, default_model_path, parse_config
+from ance_train.data.dataset import DatasetIndex
 from ance_train.infra.store import ObjectNotFound, ObjectStore
 from ance_train.modeling.checkpoint_cache import download_model
 from ance_train.modeling.model import META_FILE
 from ance_train.protocol import keys
 from ance_train.protocol.checkpoints import loadable_checkpoints
 from ance_train.protocol.retention import BEST_MEASURE, BEST_SPLIT
+from ance_train.protocol.selection import DevPoint, select_on_dev
 
 if TYPE_CHECKING:
     from ance_train.config import NegativesConfig
@@ -98,8 +100,24 @@ def eval_reports(store: ObjectStore) -> dict[int, dict]:
     return reports
 
 
+def _interval(report: dict) -> tuple[float, float] | None:
+    interval = report.get("ci95", {}).get(BEST_SPLIT, {}).get(BEST_MEASURE)
+    return None if interval is None else (float(interval[0]), float(interval[1]))
+
+
+def dev_queries(store: ObjectStore) -> int | None:
+    """The dev split's query count, from the run's dataset index (None: not stored)."""
+    try:
+        index = DatasetIndex.from_json(store.get_bytes(keys.DATASET_INDEX).decode())
+    except ObjectNotFound:
+        return None
+    return len(index.dev)
+
+
 def select_checkpoint(store: ObjectStore, which: str) -> int:
-    """``best`` (highest dev nDCG@10), ``last`` or a step number → a complete checkpoint."""
+    """``best`` (the dev selection of :mod:`ance_train.protocol.selection`: the highest dev
+    nDCG@10, or with a dev split too small to tell checkpoints apart the latest within its
+    noise), ``last`` or a step number → a complete checkpoint."""
     run = store.run_id
     steps = exportable_checkpoints(store)
     if not steps:
@@ -107,19 +125,19 @@ def select_checkpoint(store: ObjectStore, which: str) -> int:
     if which == "last":
         return steps[-1]
     if which == "best":
-        scored = [(report["metrics"][BEST_SPLIT][BEST_MEASURE], step)
+        points = [DevPoint(step, report["metrics"][BEST_SPLIT][BEST_MEASURE],
+                           _interval(report))
                   for step, report in sorted(eval_reports(store).items())
                   if step in steps and BEST_MEASURE in report.get("metrics", {}).get(
                       BEST_SPLIT, {})]
-        if not scored:
+        if not points:
             raise ExportError(
                 f"run {run!r}: no checkpoint has {BEST_SPLIT} {BEST_MEASURE} in its eval report, "
                 f"so there is no best one (best is chosen on {BEST_SPLIT}, never on test; "
                 f"give index.eval_splits a dev split and a dev split to the data (official "
                 f"dev qrels, or data.dev_fraction > 0), or export "
                 f"--checkpoint last or a step)")
-        best = max(value for value, _ in scored)
-        return next(step for value, step in scored if value == best)  # the earliest of ties
+        return select_on_dev(points, dev_queries(store))
     try:
         step = int(which)
     except ValueError:
