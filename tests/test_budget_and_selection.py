@@ -22,8 +22,10 @@ from ance_train.config import (
     MIN_DEV_QUERIES,
     SMALL_TRAIN_LEARNING_RATE,
     SMALL_TRAIN_QUERIES,
+    SMALL_TRAIN_WISE_FT_ALPHA,
     ConfigError,
     EarlyStoppingConfig,
+    TrainingConfig,
     load_config,
     parse_config,
     resolve_budget,
@@ -203,6 +205,25 @@ def test_validate_advises_a_lower_learning_rate_on_a_small_training_set(
     assert f"training queries, below {SMALL_TRAIN_QUERIES}" in stderr
     assert "at training.learning_rate 5e-05" in stderr
     assert f"--set training.learning_rate={SMALL_TRAIN_LEARNING_RATE:g}" in stderr
+    assert "wise_ft_alpha auto" not in stderr  # the default is 1: no blend, no note
+
+
+def test_wise_ft_alpha_auto_blends_below_the_small_set_threshold(
+        tmp_path: Path, scifact_subset, tiny_model) -> None:
+    training = TrainingConfig(wise_ft_alpha="auto")
+    assert training.wise_ft_alpha_for(SMALL_TRAIN_QUERIES - 1) == SMALL_TRAIN_WISE_FT_ALPHA
+    assert training.wise_ft_alpha_for(SMALL_TRAIN_QUERIES) == 1.0
+    assert TrainingConfig(wise_ft_alpha=0.7).wise_ft_alpha_for(10) == 0.7  # given: kept
+    config = write_config(tmp_path / "c.yaml", run_id="smallblend",
+                          output_dir=str(tmp_path / "runs"),
+                          data={"path": str(scifact_subset)}, model={"path": str(tiny_model)},
+                          training={"steps": 10, "wise_ft_alpha": "auto"},
+                          negatives={"pool": "ann", "warmup": "none"})
+    result = _ance("validate", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    stderr = " ".join(result.stderr.split())
+    assert (f"training.wise_ft_alpha auto publishes every checkpoint as θ0 + "
+            f"{SMALL_TRAIN_WISE_FT_ALPHA:g} (θ − θ0)") in stderr
 
 
 # -- one real run: epochs + early stopping ---------------------------------------------------

@@ -434,6 +434,7 @@ def test_checkpoint_steps_follow_one_rule() -> None:
 def test_wise_ft_alpha_is_a_fraction_of_the_way_to_the_trained_weights() -> None:
     assert TrainingConfig().wise_ft_alpha == 1.0  # off: the trained weights are published
     assert TrainingConfig(wise_ft_alpha=0.5).wise_ft_alpha == 0.5
-    for bad in (0.0, -0.1, 1.5):
+    assert TrainingConfig(wise_ft_alpha="auto").wise_ft_alpha == "auto"
+    for bad in (0.0, -0.1, 1.5, "half"):
         with pytest.raises(ValidationError, match="wise_ft_alpha"):
             TrainingConfig(wise_ft_alpha=bad)

@@ -36,13 +36,13 @@ from ance_train.config import DataConfig, IndexConfig, default_model_path
 from ance_train.data.corpus import open_corpus
 from ance_train.data.dataset import DatasetIndex
 from ance_train.data.validation import validate_dataset
-from ance_train.evaluation import evaluate
-from ance_train.index.ann import AnnIndex
 from ance_train.modeling.encoding import resolve_precision
 from ance_train.modeling.precision import autocast_dtype
 from ance_train.protocol import keys
 from ance_train.protocol.embeddings import pack_embeddings, unpack_embeddings
 from ance_train.protocol.work import query_order
+
+from ance_train_dev.stored_run import evaluate_flat
 
 METHOD = "st-static"
 RANGE_MAX = 20          # the recipe: negatives drawn from the zero-shot top 20
@@ -127,25 +127,11 @@ class _Checkpoints:
         (shards / "queries-00000.npz").write_bytes(query_bytes)
         docs, queries = unpack_embeddings(corpus_bytes)[1], unpack_embeddings(query_bytes)[1]
         self.precision = precision
-        index_cfg = IndexConfig(**{**self.config.get("index", {}), "type": "flat",
-                                   "device": "cpu"})
-        index = AnnIndex(docs.shape[1], index_cfg, index_similarity(model_cfg),
-                         expected_size=len(docs))
-        index.add(np.arange(len(docs), dtype=np.int64), docs)
-        index.finalize()
-        row = {q: i for i, q in enumerate(self.qids)}
-        metrics = {}
-        for split in EVAL_SPLITS:  # what the indexer's evaluate does, split by split
-            qrels = getattr(self.dataset, split)
-            if not qrels:
-                continue
-            qids = sorted(qrels)
-            ranked, scores = index.search(queries[[row[q] for q in qids]],
-                                          index_cfg.eval_depth, index_cfg.search_batch_size)
-            run = {q: {str(d): float(s) for d, s in zip(r, sc, strict=True) if d >= 0}
-                   for q, r, sc in zip(qids, ranked, scores, strict=True)}
-            metrics[split] = evaluate(run, {q: {str(d): rel for d, rel in rels.items()}
-                                            for q, rels in qrels.items()})
+        splits = {split: getattr(self.dataset, split) for split in EVAL_SPLITS
+                  if getattr(self.dataset, split)}  # what the indexer's evaluate does
+        metrics = evaluate_flat(docs, queries, {q: i for i, q in enumerate(self.qids)}, splits,
+                                IndexConfig(**self.config.get("index", {})),
+                                index_similarity(model_cfg))
         record = {"step": step, "metrics": metrics}
         (self.store / "eval").mkdir(exist_ok=True)
         (self.store / "eval" / f"{step}.json").write_text(

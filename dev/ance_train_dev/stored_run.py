@@ -7,6 +7,7 @@ The indexer's inputs at a refresh are the corpus and query embedding shards unde
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from ance_train.config import IndexConfig
 from ance_train.data.dataset import DatasetIndex
+from ance_train.evaluation import evaluate
 from ance_train.index.ann import AnnIndex
 from ance_train.protocol import keys
 from ance_train.protocol.embeddings import unpack_embeddings
@@ -68,3 +70,25 @@ def load_checkpoint(store_dir: Path, step: int, similarity: str = "dot") -> Stor
         else:
             queries[[query_row[str(q)] for q in ids]] = vectors
     return StoredCheckpoint(dataset, index, queries, query_row)
+
+
+def evaluate_flat(docs: np.ndarray, queries: np.ndarray, query_row: Mapping[str, int],
+                  splits: Mapping[str, Mapping[str, Mapping[int, int]]],
+                  index_cfg: IndexConfig, similarity: str) -> dict[str, dict[str, float]]:
+    """What the indexer's evaluation does, split by split (``index_cfg.eval_depth`` hits,
+    ``ance_train.evaluation.evaluate``), over an exact (flat) index of ``docs`` whose rows are
+    the document indices; ``queries[query_row[q]]`` is query ``q``'s vector."""
+    flat = IndexConfig(**{**index_cfg.model_dump(), "type": "flat", "device": "cpu"})
+    index = AnnIndex(docs.shape[1], flat, similarity, expected_size=len(docs))
+    index.add(np.arange(len(docs), dtype=np.int64), docs)
+    index.finalize()
+    metrics = {}
+    for split, qrels in splits.items():
+        qids = sorted(qrels)
+        ranked, scores = index.search(queries[[query_row[q] for q in qids]], flat.eval_depth,
+                                      flat.search_batch_size)
+        run = {q: {str(d): float(s) for d, s in zip(r, sc, strict=True) if d >= 0}
+               for q, r, sc in zip(qids, ranked, scores, strict=True)}
+        metrics[split] = evaluate(run, {q: {str(d): rel for d, rel in rels.items()}
+                                        for q, rels in qrels.items()})
+    return metrics

@@ -307,7 +307,7 @@ def validate(config: Annotated[Path, typer.Option("--config", "-c")],
         err.print(f"[red]error:[/] {error}")
         raise typer.Exit(1) from None
     described = _describe_dataset(index)
-    for level, text in selection_notices(index, cfg.training.learning_rate):
+    for level, text in selection_notices(index, cfg.training):
         err.print(f"[yellow]{level}:[/] {text}")
     try:
         cfg = resolve_budget(cfg, index.trainable_queries)

@@ -25,6 +25,7 @@ from ance_train.config import (
     SMALL_TRAIN_LEARNING_RATE,
     SMALL_TRAIN_QUERIES,
     DataConfig,
+    TrainingConfig,
 )
 from ance_train.data.dataset import DatasetIndex, Qrels, is_positive
 from ance_train.data.formats import (
@@ -254,11 +255,25 @@ def small_training_set_advice(index: DatasetIndex, learning_rate: float) -> str 
             f"training.learning_rate={SMALL_TRAIN_LEARNING_RATE:g}")
 
 
-def selection_notices(index: DatasetIndex, learning_rate: float) -> list[tuple[str, str]]:
+def small_training_set_blend(index: DatasetIndex, training: TrainingConfig) -> str | None:
+    """What ``training.wise_ft_alpha: auto`` chose, when it chose a blend (a small training
+    set); ``validate`` and ``run`` print it. None otherwise."""
+    alpha = training.wise_ft_alpha_for(index.trainable_queries)
+    if training.wise_ft_alpha != "auto" or alpha >= 1.0:
+        return None
+    return (f"{index.trainable_queries} training queries, below {SMALL_TRAIN_QUERIES}: "
+            f"training.wise_ft_alpha auto publishes every checkpoint as θ0 + {alpha:g} (θ − θ0), "
+            "the pretrained weights moved halfway to the trained ones (WiSE-FT; "
+            "docs/benchmarks/small-heldout.md); set it to 1 for the trained weights")
+
+
+def selection_notices(index: DatasetIndex, training: TrainingConfig) -> list[tuple[str, str]]:
     """What ``validate`` and ``run`` print about a small dataset before any work: (``warning``
-    or ``note``, text) for :func:`dev_size_warning` and :func:`small_training_set_advice`."""
+    or ``note``, text) for :func:`dev_size_warning`, :func:`small_training_set_advice` and
+    :func:`small_training_set_blend`."""
     notices = [("warning", dev_size_warning(index)),
-               ("note", small_training_set_advice(index, learning_rate))]
+               ("note", small_training_set_advice(index, training.learning_rate)),
+               ("note", small_training_set_blend(index, training))]
     return [(level, text) for level, text in notices if text is not None]
 
 

@@ -228,7 +228,7 @@ class EmbeddedRun:
             staging.rename(self.run_dir / "cache")
         for warning in self.dataset.warnings:
             console.print(f"[yellow]warning:[/] {warning}")
-        for level, text in selection_notices(self.dataset, self.config.training.learning_rate):
+        for level, text in selection_notices(self.dataset, self.config.training):
             console.print(f"[yellow]{level}:[/] {text}")
         console.print(f"dataset: {self.dataset.num_docs} docs, {len(self.dataset.train)} train / "
                       f"{len(self.dataset.dev)} dev / {len(self.dataset.test)} test queries")

@@ -28,7 +28,9 @@ that knows that, so each service deletes only its own kind:
 * **Checkpoints — the trainer**, after each checkpoint upload (and the launcher at the end).
   A complete checkpoint goes unless it is one of the newest ``keep_checkpoints`` complete
   ones (the newest is what a restarted trainer resumes from), the best by dev nDCG@10 (what
-  ``ance-train export --checkpoint best`` picks), the newest evaluated one (the indexer's
+  ``ance-train export --checkpoint best`` picks, except with a dev split under 50 queries:
+  there it picks the latest within the best's noise (:mod:`.selection`) among the checkpoints
+  still stored), the newest evaluated one (the indexer's
   Search encodes queries with it), or newer than the newest evaluated one (its refresh may
   be in flight: inferencers load it). A checkpoint with ``WEIGHTS.json`` alone
   (:mod:`ance_train.protocol.checkpoints`) is not a resume point, so it never counts among

@@ -125,8 +125,9 @@ def build_parts(ctx: ServiceContext, current_step: Callable[[], int]) -> Trainer
         model_dir = base_model_dir(cfg.model, ctx.store, ctx.work_dir / "base-model")
     tokenizer = load_tokenizer(model_dir)
     model = BiEncoder.from_pretrained(model_dir, cfg.model).to(device)
-    interpolation = (StartInterpolation.for_run(model, cfg.training.wise_ft_alpha, ctx.store,
-                                                ctx.work_dir, resumed_from is not None)
+    alpha = cfg.training.wise_ft_alpha_for(ctx.dataset.trainable_queries)
+    interpolation = (StartInterpolation.for_run(model, alpha, ctx.store, ctx.work_dir,
+                                                resumed_from is not None)
                      if dist.is_main else None)
     # Reads and tokenises the next batch while a step computes; its own tokenizer (the loop's
     # thread saves ``tokenizer`` into checkpoints meanwhile).
