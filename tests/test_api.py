@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import ance_train
+from ance_train.config import MIN_DEV_QUERIES
 from ance_train.launcher.embedded import RunAborted
 
 from ance_train_dev.helpers import assert_export_loads_like
@@ -54,11 +55,18 @@ def test_run_from_a_dict_iterates_refreshes_and_exports_the_best(tmp_path: Path,
         report = json.loads((store / "eval" / f"{refresh.step}.json").read_text())
         assert report["metrics"] == refresh.metrics
 
-    best = max(seen, key=lambda r: (r.metrics["dev"]["ndcg@10"], -r.step))
+    # best (protocol/selection.py): this subset's dev split is under MIN_DEV_QUERIES, so the
+    # latest checkpoint whose dev value reaches the lower end of the highest one's interval.
+    dev_queries = len(json.loads((store / "data" / "dataset.json").read_text())["dev"])
+    assert 0 < dev_queries < MIN_DEV_QUERIES
+    top = max(seen, key=lambda r: (r.metrics["dev"]["ndcg@10"], -r.step))
+    floor = json.loads((store / "eval" / f"{top.step}.json").read_text())["ci95"]["dev"][
+        "ndcg@10"][0]
+    best = max(r.step for r in seen if r.metrics["dev"]["ndcg@10"] >= floor)
     exported = run.export("best")
     card = (exported / "README.md").read_text()
-    assert f"checkpoint {best.step}" in card, card[:800]
-    assert_export_loads_like(exported, store / "checkpoints" / str(best.step), run.config.model)
+    assert f"checkpoint of step {best}" in card, card[:800]
+    assert_export_loads_like(exported, store / "checkpoints" / str(best), run.config.model)
     # Iterating again after the end replays the evaluations; the services are gone.
     assert [r.step for r in run.refreshes()] == steps
     assert all(child.process.poll() is not None for child in run._run.children)

@@ -12,9 +12,11 @@ configuration) and ``eval_results.json`` (the eval report, as the indexer wrote 
 (:func:`push_export`: ``HfApi.create_repo`` + ``upload_folder``; ``HF_ENDPOINT`` and
 ``HF_TOKEN`` as huggingface_hub reads them).
 
-``best`` is the checkpoint with the highest dev nDCG@10 (never test: the test split is only
-reported); ``last`` the newest checkpoint whose model is stored (its ``WEIGHTS.json``: the
-training state, which the export leaves out, need not be); a number that exact step.
+``best`` is the checkpoint dev selects (:mod:`ance_train.protocol.selection`: the highest dev
+nDCG@10, or with a dev split under 50 queries the latest within its noise; never test: the
+test split is only reported); ``last`` the newest checkpoint whose model is stored (its
+``WEIGHTS.json``: the training state, which the export leaves out, need not be); a number
+that exact step.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from typing import TYPE_CHECKING, cast
 
 import yaml
 
-from ance_train.config import ConfigError, RunConfig, default_model_path, parse_config
+from ance_train.config import (
+    MIN_DEV_QUERIES,
+    ConfigError,
+    RunConfig,
+    default_model_path,
+    parse_config,
+)
 from ance_train.data.dataset import DatasetIndex
 from ance_train.infra.store import ObjectNotFound, ObjectStore
 from ance_train.modeling.checkpoint_cache import download_model
@@ -316,8 +324,10 @@ def model_card(run_id: str, step: int, config: RunConfig | None, report: dict | 
              f"with ance-train, run `{run_id}`, checkpoint of step "
              f"{step}" + (f", starting from `{base}`" if base else "") + ".", ""]
     if selected == "best":
-        lines += [f"Exported as the run's best checkpoint: the highest {BEST_SPLIT} "
-                  f"{BEST_MEASURE} of its evaluated checkpoints (never chosen on test).", ""]
+        lines += [f"Exported as the run's best checkpoint, chosen on {BEST_SPLIT} {BEST_MEASURE} "
+                  f"(never on test): the highest of its evaluated checkpoints or, with fewer "
+                  f"than {MIN_DEV_QUERIES} {BEST_SPLIT} queries, the latest within the "
+                  f"bootstrap 95% interval of the highest.", ""]
     elif selected == "last":
         lines += ["Exported as the run's last checkpoint.", ""]
     lines += ["## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
