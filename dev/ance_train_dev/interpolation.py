@@ -41,6 +41,7 @@ from ance_train.data.validation import validate_dataset
 from ance_train.modeling.encoding import encode_texts, prepare_model, resolve_precision
 from ance_train.modeling.model import BiEncoder, load_tokenizer
 from ance_train.protocol import keys
+from ance_train.trainer.interpolation import blend
 
 from ance_train_dev.quality import SELECTION_RULES, select_checkpoint
 from ance_train_dev.report import command_line, machine, machine_line, utc_now, write_report
@@ -54,12 +55,12 @@ MEASURE = "ndcg@10"
 
 def interpolate(base: dict[str, torch.Tensor], tuned: dict[str, torch.Tensor],
                 alpha: float) -> dict[str, torch.Tensor]:
-    """``base + alpha * (tuned - base)`` for every floating tensor; the others (integer
-    buffers such as position ids) are the tuned model's."""
+    """The trainer's blend (``trainer/interpolation.blend``) of every floating tensor; the
+    others (integer buffers such as position ids) are the tuned model's."""
     if base.keys() != tuned.keys():
         raise ValueError(f"the models' tensors differ: {sorted(base.keys() ^ tuned.keys())[:5]}")
-    return {name: (base[name] + alpha * (value - base[name]) if value.is_floating_point()
-                   else value) for name, value in tuned.items()}
+    floats = {name: value for name, value in tuned.items() if value.is_floating_point()}
+    return {**tuned, **blend(base, floats, alpha)}
 
 
 class RunEvaluator:

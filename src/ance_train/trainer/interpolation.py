@@ -36,6 +36,11 @@ def floating_weights(model: BiEncoder) -> Weights:
             for name, tensor in model.state_dict().items() if tensor.is_floating_point()}
 
 
+def blend(start: Weights, trained: Weights, alpha: float) -> Weights:
+    """WiSE-FT's ``θ0 + α (θ − θ0)`` for each tensor of ``trained`` (floating-point ones)."""
+    return {name: start[name] + alpha * (value - start[name]) for name, value in trained.items()}
+
+
 def load_weights(model: BiEncoder, weights: Weights) -> None:
     """Copy ``weights`` into the model's tensors in place (no new parameters: the optimizer
     keeps pointing at them)."""
@@ -76,16 +81,12 @@ class StartInterpolation:
         store.put_file(keys.START_WEIGHTS, local)
         return cls(start, alpha)
 
-    def blend(self, trained: Weights) -> Weights:
-        return {name: self.start[name] + self.alpha * (value - self.start[name])
-                for name, value in trained.items()}
-
     @contextmanager
     def published(self, model: BiEncoder) -> Iterator[Weights]:
         """Within the block the model holds θ0 + α (θ − θ0); it yields θ (CPU copies, for the
         training state), and puts θ back exactly on the way out."""
         trained = floating_weights(model)
-        load_weights(model, self.blend(trained))
+        load_weights(model, blend(self.start, trained, self.alpha))
         try:
             yield trained
         finally:
