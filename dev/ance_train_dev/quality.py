@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import signal
@@ -245,7 +246,9 @@ def cut_training_set(data: Path, n: int, seed: int, into: Path) -> Path:
                          f"{len(positive)} queries with a positive")
     random.Random(seed).shuffle(positive)
     keep = set(positive[:n])
-    staging = target.with_name(target.name + ".partial")
+    # A staging name of this process's own: parallel lanes (bench/quality_lanes.sh) cut the
+    # same dataset at once, and the first rename wins.
+    staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "qrels").mkdir(parents=True)
     for item in data.iterdir():
@@ -256,7 +259,12 @@ def cut_training_set(data: Path, n: int, seed: int, into: Path) -> Path:
             (staging / "qrels" / split.name).symlink_to(split.resolve())
     kept = [header] + ["\t".join(row) for row in rows if row[0] in keep]
     (staging / "qrels" / "train.tsv").write_text("\n".join(kept) + "\n")
-    staging.rename(target)
+    try:
+        staging.rename(target)
+    except OSError:  # another lane's identical cut landed first
+        if not (target / "qrels" / "train.tsv").is_file():
+            raise
+        shutil.rmtree(staging)
     return target
 
 
@@ -381,7 +389,7 @@ def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path)
     return {"method": args.label or method, "base_method": method,
             "overrides": args.overrides, "seed": seed, "minutes": minutes,
             "selected_step": best["step"], "selection": args.select,
-            "dev": best["metrics"]["dev"],
+            "dev_queries": len(index.dev), "dev": best["metrics"]["dev"],
             "test": best["metrics"]["test"], "refreshes": refreshes,
             "losses": trainer["losses"], "swaps": trainer["swaps"],
             **({"peer": summary["peer"]} if "peer" in summary else {}),
