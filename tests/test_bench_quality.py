@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -314,25 +315,37 @@ def test_training_set_cut_keeps_n_queries_and_cuts_dev_from_them(tmp_path: Path,
     assert len(index.dev) == 2 and len(index.train) == 18
     assert set(index.dev) | set(index.train) == first
 
+    # Parallel lanes (bench/quality_lanes.sh) cut the same dataset at once: every process
+    # gets the one identical cut, and no staging directory is left behind.
+    with ProcessPoolExecutor(4) as pool:
+        cuts = list(pool.map(cut_training_set, [scifact_subset] * 8, [20] * 8, [2] * 8,
+                             [tmp_path / "raced"] * 8))
+    assert len(set(cuts)) == 1 and kept(cuts[0]) == kept(cut_training_set(
+        scifact_subset, 20, 2, tmp_path / "alone"))
+    assert [path.name for path in (tmp_path / "raced").iterdir()] == [cuts[0].name]
+
     with pytest.raises(SystemExit, match="only"):
         cut_training_set(scifact_subset, len(source) + 1, 0, tmp_path / "cuts")
     args = parse_args(["--data", str(scifact_subset), "--train-queries", "20"])
     assert args.dataset == f"{scifact_subset.name}-train20"
 
 
-def test_small_data_report_selects_by_both_rules(tmp_path: Path) -> None:
-    """bench/quality_small.py on a hand-made combined report (logic only, no run): the best
-    dev checkpoint and the earliest one within its interval, the curves, and the paired
-    differences against zero-shot and the peer, read from the significance file."""
+def test_small_data_report_selects_by_each_rule(tmp_path: Path) -> None:
+    """bench/quality_small.py on a hand-made combined report (logic only, no run): auto (the
+    latest checkpoint within the dev noise of the best, 15 dev queries being under the floor),
+    the best dev checkpoint and the earliest one within its interval, the curves, and the
+    paired differences against zero-shot and the peer, read from the significance file."""
     from ance_train_dev import quality_small
 
     def refresh(step: int, dev: float, test: float, low: float | None = None) -> dict:
         return {"step": step, "metrics": {"dev": {"ndcg@10": dev}, "test": {"ndcg@10": test}},
                 "ci95": {"dev": {"ndcg@10": [low, dev + 0.05]}} if low is not None else {}}
 
-    runs = [{"method": "ance", "seed": seed, "refreshes": [
+    runs = [{"method": "ance", "seed": seed, "selection": "auto", "dev_queries": 15,
+             "config": {"training": {"wise_ft_alpha": "auto"}}, "refreshes": [
         refresh(0, 0.50, 0.60, 0.45), refresh(15, 0.58 + d, 0.66, 0.52),
-        refresh(30, 0.60 + d, 0.63, 0.55)]} for seed, d in ((13, 0.0), (42, 0.01))]
+        refresh(30, 0.60 + d, 0.63, 0.55), refresh(45, 0.56 + d, 0.64, 0.50)]}
+        for seed, d in ((13, 0.0), (42, 0.01))]
     report = {"dataset": "scifact-train150", "profile": "cpu", "budget": {"steps": 30},
               "train_queries": 150, "machine": "test", "date": "today", "runs": runs,
               "references": {"zero-shot (no training)": {"dev": {"ndcg@10": 0.5},
@@ -346,12 +359,31 @@ def test_small_data_report_selects_by_both_rules(tmp_path: Path) -> None:
     assert quality_small.main([str(tmp_path / "small.json"), "--out", str(tmp_path)]) == 0
     written = json.loads((tmp_path / "quality-small.json").read_text())["datasets"][0]
     rules = written["methods"]["ance"]["rules"]
+    assert rules["auto"]["steps"] == [45, 45]  # 0.56 >= 0.55: within the best's noise
+    assert rules["auto"]["test_stats"]["mean"] == pytest.approx(0.64)
     assert rules["best"]["steps"] == [30, 30]
     assert rules["earliest-within-noise"]["steps"] == [15, 15]  # 0.58 >= 0.55, 0.50 < 0.55
     assert rules["earliest-within-noise"]["test_stats"]["mean"] == pytest.approx(0.66)
     assert written["curves"]["ance"]["0"]["test"] == pytest.approx(0.60)
     markdown = (tmp_path / "quality-small.md").read_text()
     assert "+0.0450 (p = 0.010)" in markdown and "-0.0020 (p = 0.800)" in markdown
+    assert "Dev queries: 15." in markdown and "wise_ft_alpha` of the runs (the peer has " \
+        "none): auto" in markdown
+
+
+def test_small_data_report_recounts_dev_for_an_older_report(
+        tmp_path: Path, scifact_subset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report from before quality.py recorded each run's dev-split size: quality_small makes
+    the same cut again (fixed --cut-seed) and applies the run's data settings to count it."""
+    from ance_train_dev import quality_small
+
+    monkeypatch.setitem(quality_small.DATASETS, "scifact", scifact_subset)
+    report = {"dataset": "scifact-train20", "train_queries": 20, "cut_seed": 0}
+    run = {"config": {"data": {"format": "beir", "path": "/gone", "dev_fraction": 0.1}}}
+    assert quality_small.dev_queries(report, run, tmp_path) == 2  # 10 % of the 20 cut
+    run["config"]["data"]["dev_fraction"] = 0.25
+    assert quality_small.dev_queries(report, run, tmp_path / "other") == 5
+    assert quality_small.dev_queries(report, {"dev_queries": 7}, tmp_path) == 7
 
 
 def test_a_recipe_variant_merges_but_a_budget_change_does_not() -> None:

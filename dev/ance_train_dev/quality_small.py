@@ -10,13 +10,17 @@ This script reads, per proxy, the report that ``bench/quality.py --combine`` mer
 part runs and the paired significance that ``bench/significance.py`` computed from the stored
 runs (``<report stem>-significance.json`` beside it), and writes one table:
 
-* each method's test nDCG@10 at the checkpoint selected on dev (``best``), mean ± std over
-  seeds, with the checkpoints selected;
-* the same under ``earliest-within-noise`` (the earliest checkpoint whose dev nDCG@10 reaches
-  the lower end of the best one's bootstrap 95 % interval), recomputed from the stored dev
-  curves: no training is repeated;
+* each method's test nDCG@10 at the checkpoint selected on dev by ``auto`` (what ``ance-train
+  export --checkpoint best`` picks: the latest checkpoint within the dev noise of the best
+  below 50 dev queries, else the best; ``protocol/selection.py``), mean ± std over seeds,
+  with the checkpoints selected;
+* the same under ``best`` (the highest dev value) and ``earliest-within-noise`` (the earliest
+  checkpoint whose dev nDCG@10 reaches the lower end of the best one's bootstrap 95 %
+  interval), recomputed from the stored dev curves: no training is repeated;
 * paired differences over test queries against zero-shot and the peer (randomization test,
-  Benjamini-Hochberg adjusted over each significance table);
+  Benjamini-Hochberg adjusted over each significance table), computed by
+  ``bench/significance.py`` at the rule the runs reported (their ``selection``: ``auto`` since
+  the rule became the default, ``best`` before);
 * the per-checkpoint dev and test curves (mean over seeds), which show when a run stops
   gaining.
 
@@ -31,9 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
-from ance_train_dev.quality import PEER, display_name, select_checkpoint
+from ance_train.config import DataConfig
+from ance_train.data.validation import validate_dataset
+
+from ance_train_dev.quality import DATASETS, PEER, cut_training_set, display_name, select_checkpoint
 from ance_train_dev.report import command_line, machine_line, utc_now, write_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,14 +64,37 @@ def _stats(values: list[float]) -> dict:
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
 
 
-def method_rows(report: dict) -> dict[str, dict]:
-    """Per method: the selected checkpoints and their dev/test nDCG@10 under both rules."""
+RULES = ("auto", "best", "earliest-within-noise")
+
+
+def dev_queries(report: dict, run: dict, scratch: Path) -> int:
+    """The run's dev-split size, which ``auto`` needs: recorded by ``bench/quality.py`` since
+    it became the default rule; for an older report, the cut is made again (``--cut-seed`` is
+    fixed, so it is the same draw) and the run's data settings applied to it."""
+    if run.get("dev_queries") is not None:
+        return int(run["dev_queries"])
+    source = DATASETS[report["dataset"].split("-train")[0]]
+    data = source
+    if report.get("train_queries") is not None:
+        data = cut_training_set(source, report["train_queries"], report.get("cut_seed", 0),
+                                scratch)
+    settings = {**run["config"]["data"], "path": str(data)}
+    index = validate_dataset(DataConfig(**settings), scratch / f"index-{data.name}")
+    return len(index.dev)
+
+
+def method_rows(report: dict, scratch: Path) -> dict[str, dict]:
+    """Per method: the selected checkpoints and their dev/test nDCG@10 under each rule."""
     rows: dict[str, dict] = {}
     for run in report["runs"]:
-        row = rows.setdefault(run["method"], {"seeds": [], "rules": {}})
+        blend = run.get("config", {}).get("training", {}).get("wise_ft_alpha", 1.0)
+        row = rows.setdefault(run["method"], {"seeds": [], "rules": {},
+                                              "dev_queries": dev_queries(report, run, scratch),
+                                              "significance_rule": run.get("selection", "best"),
+                                              "wise_ft_alpha": blend})
         row["seeds"].append(run["seed"])
-        for rule in ("best", "earliest-within-noise"):
-            chosen = select_checkpoint(run["refreshes"], rule, MEASURE)
+        for rule in RULES:
+            chosen = select_checkpoint(run["refreshes"], rule, MEASURE, row["dev_queries"])
             picked = row["rules"].setdefault(rule, {"steps": [], "dev": [], "test": []})
             picked["steps"].append(chosen["step"])
             picked["dev"].append(chosen["metrics"]["dev"][MEASURE])
@@ -104,7 +135,7 @@ def comparisons(significance: dict) -> dict[tuple[str, str], dict]:
     return {(c["method"], c["versus"]): c for c in significance["comparisons"]}
 
 
-def summarise(path: Path) -> dict:
+def summarise(path: Path, scratch: Path) -> dict:
     report = json.loads(path.read_text())
     significance_path = path.with_name(f"{path.stem}-significance.json")
     significance = json.loads(significance_path.read_text())
@@ -118,7 +149,7 @@ def summarise(path: Path) -> dict:
             "references": {name: value["test"][MEASURE] for name, value in references.items()},
             "references_dev": {name: value["dev"][MEASURE] for name, value in references.items()},
             "dev_ci95_halfwidth": dev_noise(report),
-            "methods": method_rows(report), "curves": curves(report),
+            "methods": method_rows(report, scratch), "curves": curves(report),
             "comparisons": [c for c in significance["comparisons"]
                             if c["versus"] in (ZERO_SHOT, PEER, "BM25")
                             or c["method"] in (ZERO_SHOT, PEER)],
@@ -141,35 +172,48 @@ def _versus(found: dict[tuple[str, str], dict], method: str, other: str) -> str:
 
 def render(datasets: list[dict]) -> str:
     lines = ["# Small training sets: the 150-query proxies (issue 33)", "",
-             "Test nDCG@10 at the checkpoint selected on **dev**, mean ± std over seeds. "
-             "Δ: paired over test queries (per-query nDCG@10 averaged over seeds), "
-             "randomization test, p adjusted by Benjamini-Hochberg within each dataset's "
-             "significance table. `earliest` is the earliest checkpoint within the dev noise "
-             "of the best (its bootstrap 95 % interval).", ""]
+             "Test nDCG@10 at the checkpoint selected on **dev**, mean ± std over seeds, by "
+             "three rules: `auto` (what `ance-train export --checkpoint best` picks: the "
+             "latest checkpoint within the dev noise of the best below 50 dev queries, else "
+             "the best), `best` (the highest dev value) and `earliest` (the earliest "
+             "checkpoint within the dev noise of the best; noise: the best's bootstrap 95 % "
+             "interval). Δ: paired over test queries (per-query nDCG@10 averaged over seeds) "
+             "at the rule the runs reported (column `Δ at`), randomization test, p adjusted "
+             "by Benjamini-Hochberg within each dataset's significance table.", ""]
     for data in datasets:
         found = {(c["method"], c["versus"]): c for c in data["comparisons"]}
         budget = data.get("budget") or {}
         noise = data["dev_ci95_halfwidth"]
         noise_text = ("" if noise is None else
                       f" Dev nDCG@10 at zero-shot has a 95 % interval of ±{noise:.3f}.")
-        lines += [f"## {display_name(data['dataset'])}", "",
+        lines += [f"## {display_name(data['dataset'])}, `{data['profile']}` profile", "",
                   f"Report `{data['report']}` (profile `{data['profile']}`, budget "
                   f"{json.dumps(budget)}), {data['test_queries']} test queries; "
                   f"machine {machine_line(data['machine'])}, {data['date']}.{noise_text}", "",
-                  "| system | test nDCG@10 (best on dev) | checkpoints | test (earliest) | "
-                  "checkpoints (earliest) | dev (best) | Δ vs zero-shot | Δ vs peer |",
-                  "|---|---:|---|---:|---|---:|---|---|"]
+                  "| system | test (auto) | checkpoints (auto) | test (best) | "
+                  "checkpoints (best) | test (earliest) | checkpoints (earliest) | "
+                  "dev (auto) | Δ at | Δ vs zero-shot | Δ vs peer |",
+                  "|---|---:|---|---:|---|---:|---|---:|---|---|---|"]
         for name, value in data["references"].items():
-            lines.append(f"| {name} | {value:.4f} | – | – | – | "
-                         f"{data['references_dev'][name]:.4f} | – | "
+            lines.append(f"| {name} | {value:.4f} | – | – | – | – | – | "
+                         f"{data['references_dev'][name]:.4f} | – | – | "
                          f"{_versus(found, name, PEER) if name != PEER else '–'} |")
         for method, row in data["methods"].items():
-            best, early = row["rules"]["best"], row["rules"]["earliest-within-noise"]
+            auto, best = row["rules"]["auto"], row["rules"]["best"]
+            early = row["rules"]["earliest-within-noise"]
             lines.append(
-                f"| {method} | {_cell(best['test_stats'])} | {best['steps']} | "
+                f"| {method} | {_cell(auto['test_stats'])} | {auto['steps']} | "
+                f"{_cell(best['test_stats'])} | {best['steps']} | "
                 f"{_cell(early['test_stats'])} | {early['steps']} | "
-                f"{_cell(best['dev_stats'])} | {_versus(found, method, ZERO_SHOT)} | "
+                f"{_cell(auto['dev_stats'])} | {row['significance_rule']} | "
+                f"{_versus(found, method, ZERO_SHOT)} | "
                 f"{_versus(found, method, PEER) if method != PEER else '–'} |")
+        dev_counts = sorted({row["dev_queries"] for row in data["methods"].values()})
+        blends = sorted({str(row["wise_ft_alpha"]) for method, row in data["methods"].items()
+                         if method != PEER})
+        lines += ["", f"Dev queries: {', '.join(map(str, dev_counts))}. "
+                  f"`training.wise_ft_alpha` of the runs (the peer has none): "
+                  f"{', '.join(blends)} (`auto`: 0.5 below 500 training queries)."]
         if data.get("variants"):
             lines += ["", "Variants: " + "; ".join(
                 f"{label} = {v['method']} with "
@@ -189,7 +233,8 @@ def render(datasets: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    datasets = [summarise(path.resolve()) for path in args.reports]
+    with tempfile.TemporaryDirectory(prefix="quality-small-") as scratch:
+        datasets = [summarise(path.resolve(), Path(scratch)) for path in args.reports]
     report = {"command": command_line(), "date": utc_now(), "datasets": datasets}
     write_report(args.out, args.name, report, render(datasets))
     return 0
