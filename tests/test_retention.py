@@ -27,6 +27,7 @@ from ance_train.protocol.events import (
     TablesInUse,
 )
 from ance_train.protocol.retention import checkpoints_to_delete
+from ance_train.protocol.selection import DevPoint, best_step
 from ance_train.protocol.tables import TableId
 from ance_train.trainer.negatives_feed import NegativesFeed, TablesAnnouncer
 
@@ -177,6 +178,12 @@ def test_checkpoint_rules() -> None:
     assert checkpoints_to_delete(stored, 1, {}) == []  # nothing evaluated: all in flight
     no_dev = {s: {"test": {"ndcg@10": 0.5}} for s in (0, 3, 6)}
     assert checkpoints_to_delete(stored, 1, no_dev) == [0, 3]
+    # A tie on dev keeps the earlier of the two, the one `export --checkpoint best` picks
+    # (protocol/selection.best_step), and lets the later go.
+    tied = {0: {"dev": {"ndcg@10": 0.1}}, 3: {"dev": {"ndcg@10": 0.4}},
+            6: {"dev": {"ndcg@10": 0.4}}, 9: {"dev": {"ndcg@10": 0.2}}}
+    assert checkpoints_to_delete(stored, 1, tied) == [0, 6]
+    assert best_step([DevPoint(s, m["dev"]["ndcg@10"]) for s, m in tied.items()]) == 3
 
 
 def _table(step: int) -> NegativesTable:

@@ -53,6 +53,7 @@ from collections.abc import Iterable, Mapping
 
 from ance_train.protocol import keys
 from ance_train.protocol.checkpoints import Stored, stored_checkpoints
+from ance_train.protocol.selection import DevPoint, best_step
 
 # How "best" is chosen, here and by `ance-train export --checkpoint best`: never on test.
 BEST_SPLIT = "dev"
@@ -90,10 +91,11 @@ def refresh_keys_to_delete(stored: Iterable[str], built: Iterable[int], keep: in
 
 
 def best_checkpoint(metrics: Mapping[int, Mapping[str, Mapping[str, float]]]) -> int | None:
-    """The step with the highest dev nDCG@10 (the later one on a tie), None without any."""
-    scored = [(values[BEST_SPLIT][BEST_MEASURE], step) for step, values in metrics.items()
-              if BEST_MEASURE in values.get(BEST_SPLIT, {})]
-    return max(scored)[1] if scored else None
+    """The step with the highest dev nDCG@10, by :func:`.selection.best_step` (so a tie keeps
+    the checkpoint ``export --checkpoint best`` picks), None without any."""
+    points = [DevPoint(step, values[BEST_SPLIT][BEST_MEASURE])
+              for step, values in metrics.items() if BEST_MEASURE in values.get(BEST_SPLIT, {})]
+    return best_step(points) if points else None
 
 
 def checkpoints_to_delete(stored: Iterable[str], keep: int | None,
