@@ -17,6 +17,7 @@ from ance_train.infra.store import LocalStore
 from ance_train.protocol import keys
 from ance_train.protocol.checkpoints import complete_checkpoints
 from ance_train.protocol.embeddings import stored_dtype
+from ance_train.protocol.selection import DevPoint, best_step
 from ance_train.protocol.tables import TableId
 
 pytestmark = pytest.mark.e2e
@@ -61,8 +62,9 @@ def test_a_bounded_run_keeps_the_newest_refresh_and_the_best_checkpoint(
     assert TableId.ann(STEPS).key in left and TableId.bm25().key in left
     shards = store.list(keys.embeddings(STEPS))
     assert shards and all(stored_dtype(store.get_bytes(k)) == "float16" for k in shards)
-    # Checkpoints: the newest (resume, served index) and the best on dev nDCG@10.
-    best = max(run.evaluations, key=lambda r: (r.metrics["dev"]["ndcg@10"], r.step)).step
+    # Checkpoints: the newest (resume, served index) and the best on dev nDCG@10, the earliest
+    # of equals as export picks it (the tiny model's dev values often tie).
+    best = best_step([DevPoint(r.step, r.metrics["dev"]["ndcg@10"]) for r in run.evaluations])
     checkpoint_dirs = {keys.checkpoint_step(k) for k in store.list(keys.CHECKPOINTS)}
     assert complete_checkpoints(left) == sorted({STEPS, best})
     assert checkpoint_dirs == {STEPS, best}  # nothing of a deleted one is left
