@@ -186,7 +186,10 @@ def render(datasets: list[dict]) -> str:
         noise = data["dev_ci95_halfwidth"]
         noise_text = ("" if noise is None else
                       f" Dev nDCG@10 at zero-shot has a 95 % interval of ±{noise:.3f}.")
-        lines += [f"## {display_name(data['dataset'])}, `{data['profile']}` profile", "",
+        blends = sorted({str(row["wise_ft_alpha"]) for method, row in data["methods"].items()
+                         if method != PEER})
+        lines += [f"## {display_name(data['dataset'])}, `{data['profile']}` profile, "
+                  f"`wise_ft_alpha` {', '.join(blends)}", "",
                   f"Report `{data['report']}` (profile `{data['profile']}`, budget "
                   f"{json.dumps(budget)}), {data['test_queries']} test queries; "
                   f"machine {machine_line(data['machine'])}, {data['date']}.{noise_text}", "",
@@ -209,8 +212,6 @@ def render(datasets: list[dict]) -> str:
                 f"{_versus(found, method, ZERO_SHOT)} | "
                 f"{_versus(found, method, PEER) if method != PEER else '–'} |")
         dev_counts = sorted({row["dev_queries"] for row in data["methods"].values()})
-        blends = sorted({str(row["wise_ft_alpha"]) for method, row in data["methods"].items()
-                         if method != PEER})
         lines += ["", f"Dev queries: {', '.join(map(str, dev_counts))}. "
                   f"`training.wise_ft_alpha` of the runs (the peer has none): "
                   f"{', '.join(blends)} (`auto`: 0.5 below 500 training queries)."]
