@@ -24,6 +24,7 @@ from ance_train.trainer.checkpoints import (
     checkpoint_bytes,
     latest_complete_checkpoint,
 )
+from ance_train.trainer.interpolation import floating_weights
 from ance_train.trainer.training_state import TrainingState
 
 from ance_train_dev.helpers import write_config
@@ -111,9 +112,14 @@ def test_checkpoint_estimate_matches_what_save_writes(tmp_path: Path, tiny_model
     publisher = CheckpointPublisher(store, bus, WorkQueue(bus, 60.0), config, dataset,
                                     tmp_path / "work")
     try:
-        estimate = checkpoint_bytes(model, state(1).optimizer)
+        estimate = checkpoint_bytes(model, state(1))
         params, _ = encoder_size(tiny_model)
         assert estimate >= 3 * 4 * params * 0.99  # float32 weights + AdamW's two moments
+        # A WiSE-FT checkpoint (training.wise_ft_alpha < 1) also stores the trained weights.
+        blended = state(1)
+        blended.trained_weights = floating_weights(model)
+        assert checkpoint_bytes(model, blended) - estimate == sum(
+            t.numel() * t.element_size() for t in blended.trained_weights.values())
         published = publisher.publish(1, model, tokenizer, state(1))
         directory = publisher.local_dir / "1"
         written = tree_bytes(directory)

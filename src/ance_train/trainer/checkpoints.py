@@ -61,13 +61,15 @@ def latest_complete_checkpoint(store: ObjectStore) -> int | None:
     return max(complete_checkpoints(store.list(keys.CHECKPOINTS)), default=None)
 
 
-def checkpoint_bytes(model: BiEncoder, optimizer_state: dict) -> int:
-    """Bytes a checkpoint will take: the weights plus every tensor of the optimizer state
-    (AdamW: two per parameter), as ``save`` writes them."""
+def checkpoint_bytes(model: BiEncoder, training: TrainingState) -> int:
+    """Bytes a checkpoint will take: the weights plus every tensor of the training state, as
+    ``save`` writes them: the optimizer's (AdamW: two per parameter) and, where the model
+    files hold a WiSE-FT blend, the trained weights (``trained_weights``)."""
     import torch
 
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    stack, state = [optimizer_state], 0
+    stack: list[object] = [training.optimizer, training.trained_weights]
+    state = 0
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
@@ -110,7 +112,7 @@ class CheckpointPublisher:
         already written is stored and the run resumes from the newest, and
         :class:`InsufficientDisk` stops the trainer before a half-written checkpoint."""
         directory = self.local_dir / str(step)
-        needed = checkpoint_bytes(model, state.optimizer)
+        needed = checkpoint_bytes(model, state)
         if isinstance(self.store, LocalStore):
             needed *= 2  # a copy, where the store cannot hard-link the files
         try:
