@@ -69,6 +69,7 @@ from ance_train.protocol.selection import (
     DevPoint,
     best_step,
     earliest_within_noise,
+    interval,
     latest_within_noise,
     select_on_dev,
 )
@@ -326,7 +327,7 @@ def select_checkpoint(refreshes: list[dict], rule: str = "best",
     if rule not in SELECTION_RULES:
         raise ValueError(f"unknown selection rule {rule!r}: expected one of {SELECTION_RULES}")
     points = [DevPoint(r["step"], r["metrics"]["dev"][measure],
-                       _interval(r.get("ci95", {}).get("dev", {}).get(measure)))
+                       interval(r.get("ci95", {}).get("dev", {}).get(measure)))
               for r in refreshes]
     if rule == "last":
         step = max(p.step for p in points)
@@ -339,10 +340,6 @@ def select_checkpoint(refreshes: list[dict], rule: str = "best",
     else:
         step = earliest_within_noise(points)
     return next(r for r in refreshes if r["step"] == step)
-
-
-def _interval(values: list[float] | None) -> tuple[float, float] | None:
-    return None if values is None else (float(values[0]), float(values[1]))
 
 
 def run_method(method: str, seed: int, args: argparse.Namespace, runs_dir: Path) -> dict:

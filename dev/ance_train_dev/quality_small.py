@@ -87,11 +87,12 @@ def method_rows(report: dict, scratch: Path) -> dict[str, dict]:
     """Per method: the selected checkpoints and their dev/test nDCG@10 under each rule."""
     rows: dict[str, dict] = {}
     for run in report["runs"]:
-        blend = run.get("config", {}).get("training", {}).get("wise_ft_alpha", 1.0)
-        row = rows.setdefault(run["method"], {"seeds": [], "rules": {},
-                                              "dev_queries": dev_queries(report, run, scratch),
-                                              "significance_rule": run.get("selection", "best"),
-                                              "wise_ft_alpha": blend})
+        row = rows.get(run["method"])
+        if row is None:  # a method's seeds share their data, so its dev split is counted once
+            blend = run.get("config", {}).get("training", {}).get("wise_ft_alpha", 1.0)
+            row = rows[run["method"]] = {
+                "seeds": [], "rules": {}, "dev_queries": dev_queries(report, run, scratch),
+                "significance_rule": run.get("selection", "best"), "wise_ft_alpha": blend}
         row["seeds"].append(run["seed"])
         for rule in RULES:
             chosen = select_checkpoint(run["refreshes"], rule, MEASURE, row["dev_queries"])

@@ -44,7 +44,7 @@ from ance_train.modeling.model import META_FILE
 from ance_train.protocol import keys
 from ance_train.protocol.checkpoints import loadable_checkpoints
 from ance_train.protocol.retention import BEST_MEASURE, BEST_SPLIT
-from ance_train.protocol.selection import DevPoint, select_on_dev
+from ance_train.protocol.selection import DevPoint, interval, select_on_dev
 
 if TYPE_CHECKING:
     from ance_train.config import NegativesConfig
@@ -108,11 +108,6 @@ def eval_reports(store: ObjectStore) -> dict[int, dict]:
     return reports
 
 
-def _interval(report: dict) -> tuple[float, float] | None:
-    interval = report.get("ci95", {}).get(BEST_SPLIT, {}).get(BEST_MEASURE)
-    return None if interval is None else (float(interval[0]), float(interval[1]))
-
-
 def dev_queries(store: ObjectStore) -> int | None:
     """The dev split's query count, from the run's dataset index (None: not stored)."""
     try:
@@ -134,7 +129,7 @@ def select_checkpoint(store: ObjectStore, which: str) -> int:
         return steps[-1]
     if which == "best":
         points = [DevPoint(step, report["metrics"][BEST_SPLIT][BEST_MEASURE],
-                           _interval(report))
+                           interval(report.get("ci95", {}).get(BEST_SPLIT, {}).get(BEST_MEASURE)))
                   for step, report in sorted(eval_reports(store).items())
                   if step in steps and BEST_MEASURE in report.get("metrics", {}).get(
                       BEST_SPLIT, {})]

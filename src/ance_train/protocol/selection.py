@@ -31,6 +31,11 @@ class DevPoint:
     interval: tuple[float, float] | None = None
 
 
+def interval(ci95: Sequence[float] | None) -> tuple[float, float] | None:
+    """An eval report's ``ci95`` entry (``[low, high]``, JSON) as :attr:`DevPoint.interval`."""
+    return None if ci95 is None else (float(ci95[0]), float(ci95[1]))
+
+
 def best_step(points: Sequence[DevPoint]) -> int:
     """The highest dev value (the earliest of equals)."""
     if not points:
