@@ -92,8 +92,8 @@ def _status(pid: int) -> dict[str, int]:
 
 def _name(process: psutil.Process) -> str | None:
     """``trainer`` / ``indexer`` / ``inferencer-0`` for a service, ``redis`` / None otherwise."""
-    try:
-        cmd = process.cmdline()
+    try:  # a service forked by the zygote has its command as one string (its process title)
+        cmd = " ".join(process.cmdline()).split()
     except psutil.Error:
         return None
     if "serve" in cmd and "--instance" in cmd:

@@ -5,6 +5,7 @@ processes, real Redis, local store."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -83,10 +84,14 @@ def test_a_bad_config_fails_before_anything_starts(tmp_path: Path, tiny_model,
 
 def test_a_service_that_dies_stops_the_iteration(tmp_path: Path, tiny_model,
                                                  scifact_subset) -> None:
-    """With services.restart.policy never (the default restarts it: tests/test_restarts.py)."""
+    """With services.restart.policy never (the default restarts it: tests/test_restarts.py),
+    and every service started cold (services.warm_start off: a fresh interpreter each, no
+    zygote)."""
     config = _config(tmp_path, tiny_model, scifact_subset)
-    config["services"] = {"restart": {"policy": "never"}}
+    config["services"] = {"restart": {"policy": "never"}, "warm_start": False}
     run = ance_train.Run(config, max_minutes=6).start()
+    assert run._run.warm is None
+    assert all(isinstance(c.process, subprocess.Popen) for c in run._run.children)
     indexer = next(c for c in run._run.children if c.role == "indexer")
     indexer.process.kill()
     with pytest.raises(RunAborted, match=r"indexer exited with signal SIGKILL and is not "

@@ -111,7 +111,9 @@ def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
     port = redis_url.rsplit(":", 1)[1]
     redis_marker = f"127.0.0.1:{port.split('/')[0]}"  # redis-server rewrites its title
     children = processes_mentioning(str(run_dir)) + processes_mentioning(redis_marker)
-    assert len(children) == 5, children  # redis + trainer + indexer + 2 inferencers
+    # redis + trainer + indexer + 2 inferencers + the zygote they were forked from
+    assert len(children) == 6, children
+    assert sum("ance_train.launcher.zygote" in c for c in children) == 1, children
     launcher.send_signal(signal.SIGINT)
     _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode == 130, stderr

@@ -112,6 +112,13 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path: Path, sci
         log = (run.run_dir / "logs" / f"{name}.log").read_text()
         assert log.count("object store ") >= 2, log[-2000:]
     assert all(c.process.poll() is not None for c in run.children)
+    # services.warm_start (on by default): the trainer and the inferencers, restarted ones
+    # included, were forked from the run's zygote; the index partitions started cold.
+    started = {c.name: type(c.process).__name__ for c in run.children}
+    assert started == {"trainer": "WarmProcess", "inferencer-0": "WarmProcess",
+                       "inferencer-1": "WarmProcess", "indexer-0": "Popen",
+                       "indexer-1": "Popen"}, started
+    assert run.warm is not None and not run.warm.alive()  # closed with the run
 
 
 def test_a_service_crashing_on_every_start_stops_the_run(tmp_path: Path, scifact_subset,

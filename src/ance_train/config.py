@@ -1067,13 +1067,18 @@ class RestartConfig(_Strict):
 
 
 class ServicesConfig(_Strict):
-    """The embedded mode's processes: ports of the gRPC endpoints (0 = pick a free port) and
-    the restart policy."""
+    """The embedded mode's processes: ports of the gRPC endpoints (0 = pick a free port), the
+    restart policy, and how the trainer and inferencers start."""
 
     trainer_port: int = Field(0, ge=0, le=65535)
     indexer_port: int = Field(0, ge=0, le=65535)
     inferencer_base_port: int = Field(0, ge=0, le=65535)
     restart: RestartConfig = Field(default_factory=RestartConfig)
+    warm_start: bool = Field(
+        True, description="Fork the trainer and inferencers from one process that imported "
+        "torch and transformers once (launcher/zygote.py), instead of a fresh interpreter each "
+        "(4-6 CPU-s apiece). On a machine with GPUs every service starts cold (CUDA does not "
+        "survive a fork), and so does a torchrun trainer (training.processes > 1).")
 
 
 # Trackers besides TensorBoard, each with the package it needs (``ance-train[tracking]``).

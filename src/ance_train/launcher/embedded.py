@@ -45,7 +45,8 @@ from ance_train.launcher.placement import Placement, place, visible_gpus
 from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.launcher.supervisor import CrashLoop, Supervisor
-from ance_train.modeling.files import check_encoder
+from ance_train.launcher.warm_start import ProcessHandle, WarmStarter, WarmStartError
+from ance_train.modeling.files import check_encoder, encoder_config_json
 from ance_train.modeling.source import ResolvedModel, publish_model, resolve_model
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
 from ance_train.protocol import keys
@@ -69,9 +70,9 @@ class Child:
     name: str
     role: str
     port: int
-    process: subprocess.Popen
+    process: ProcessHandle
     log_path: Path
-    launch: Callable[[], subprocess.Popen]
+    launch: Callable[[], ProcessHandle]
 
     @property
     def address(self) -> str:
@@ -183,6 +184,8 @@ class EmbeddedRun:
         self.stopped = False
         self.supervisor = Supervisor(config.services.restart)
         self.placement = Placement([])  # the GPUs of each process (start_services)
+        self.warm: WarmStarter | None = None  # the zygote, when services.warm_start
+        self.encoder_type: str | None = None  # the base model's model_type (_resolve_model)
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -263,6 +266,7 @@ class EmbeddedRun:
         resolved = resolve_model(self.config.model, scratch)
         try:
             check_encoder(resolved.directory)
+            self.encoder_type = str(encoder_config_json(resolved.directory)["model_type"])
         except BaseException:
             resolved.cleanup()
             raise
@@ -356,13 +360,18 @@ class EmbeddedRun:
         log_path = self.run_dir / "logs" / f"{name}.log"
         training = self.config.training
 
-        def launch() -> subprocess.Popen:
+        def launch() -> ProcessHandle:
             # A fresh command each time: a restarted torchrun gets a fresh rendezvous port.
             command = service_command(role, training.processes, training.max_restarts)
             args = [*command.argv, "serve", role,
                     "--config", str(self.resolved_config), "--instance", name,
                     "--port", str(port), "--work-dir", str(self.run_dir / "work" / name)]
             env = {**self.env, **command.env, **self.placement.env(name), **(extra_env or {})}
+            if self.warm is not None and role in WARM_ROLES and command.argv == PLAIN_SERVICE:
+                try:
+                    return self.warm.spawn(args, env, log_path)
+                except WarmStartError as error:
+                    console.print(f"[yellow]warning:[/] {name} starts cold: {error}")
             with open(log_path, "ab") as log:
                 return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=env,
@@ -393,6 +402,9 @@ class EmbeddedRun:
         self.placement = self.gpu_placement()
         for line in self.placement.describe():
             console.print(line)
+        if self.config.services.warm_start and not self.placement.gpus:
+            self.warm = WarmStarter(self.env, self.run_dir / "logs" / "zygote.log",
+                                    str(self.run_dir), self.encoder_type).start()
         if partitions == 1:
             self.indexer = self._spawn("indexer", "indexer", ports.indexer_port or free_port())
         else:  # one process per partition; partition 0 merges and announces (indexer-0)
@@ -509,7 +521,10 @@ class EmbeddedRun:
         self.supervisor.pause()
         try:
             self._stop(timeout_s)
-        finally:  # last: the processes it restarted die with its thread (supervisor.py)
+        finally:
+            if self.warm is not None:  # after the services: they die with it
+                self.warm.close()
+            # last: the processes it restarted die with its thread (supervisor.py)
             self.supervisor.close()
 
     def _stop(self, timeout_s: float) -> None:
@@ -609,6 +624,12 @@ class ServiceCommand(NamedTuple):
     env: dict[str, str]
 
 
+# The services that import torch and transformers, and so start from the zygote
+# (services.warm_start); the indexer imports neither and starts cold in a second.
+WARM_ROLES = ("trainer", "inferencer")
+PLAIN_SERVICE = [sys.executable, "-m", "ance_train.cli"]
+
+
 def service_command(role: str, trainer_processes: int = 1, max_restarts: int = 3
                     ) -> ServiceCommand:
     """How a service process starts: ``python -m ance_train.cli``, or for a data-parallel
@@ -621,7 +642,7 @@ def service_command(role: str, trainer_processes: int = 1, max_restarts: int = 3
     The ranks meet through the c10d rendezvous, as in the chart, and need :data:`RANKS_ENV`
     to survive a restart: it comes with the command, so no caller can forget it."""
     if role != "trainer" or trainer_processes == 1:
-        return ServiceCommand([sys.executable, "-m", "ance_train.cli"], {})
+        return ServiceCommand(list(PLAIN_SERVICE), {})
     return ServiceCommand(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
          "--nproc-per-node", str(trainer_processes), "--rdzv-backend", "c10d",

@@ -1,0 +1,225 @@
+"""Starting service processes warm: from a zygote that has imported torch and transformers
+once (:mod:`ance_train.launcher.zygote`), instead of a fresh interpreter each time.
+
+:class:`WarmStarter` runs the zygote and asks it for ``python -m <module> <args>`` processes;
+each comes back as a :class:`WarmProcess`, which the launcher and the supervisor use as they
+use a ``subprocess.Popen`` (:class:`ProcessHandle`: ``pid``, ``poll``, ``wait``,
+``send_signal``, ``kill``). The children are the zygote's, so their exit statuses arrive as
+messages from it. When the zygote dies, its children are killed (they would get SIGTERM from
+the kernel anyway and take their grace period to stop, while the supervisor started their
+replacements) and reported dead; the next :meth:`WarmStarter.spawn` starts another zygote.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import suppress
+from pathlib import Path
+from typing import Protocol
+
+from ance_train.infra.process import die_with_parent
+from ance_train.launcher.zygote import receive, send
+
+log = logging.getLogger(__name__)
+
+# What the zygote imports besides the base model's transformers code: what the trainer and an
+# inferencer spend their start on (docs/testing.md), and the pure-Python clients they all use.
+# The services' own modules are left to the services: they import grpc, whose core is not
+# meant to be forked once it runs.
+PRELOAD = ("torch", "transformers.modeling_utils", "transformers.tokenization_utils_fast",
+           "prometheus_client", "minio", "redis", "pydantic")
+
+
+class ProcessHandle(Protocol):
+    """What the launcher needs of a child process: ``subprocess.Popen``'s names."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class WarmStartError(RuntimeError):
+    """The zygote could not start a process (it died, or did not answer in time)."""
+
+
+class WarmProcess:
+    """A process the zygote forked; ``returncode`` as ``Popen``'s (negative: the signal)."""
+
+    def __init__(self, starter: WarmStarter, pid: int, args: list[str]) -> None:
+        self.starter = starter
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.starter.changed:
+            if not self.starter.changed.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # never a pid the kernel may have given another process
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class WarmStarter:
+    """A zygote for one run, started with the run's environment (what the preloaded modules
+    read when imported) and logging to ``log_path``; ``label`` (the run directory) goes on its
+    command line, so ``pgrep -f <run directory>`` finds it."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, label: str,
+                 encoder_type: str | None = None, preload: tuple[str, ...] = PRELOAD,
+                 answer_timeout_s: float = 300.0) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.label = label
+        self.encoder_type = encoder_type
+        self.preload = preload
+        self.answer_timeout_s = answer_timeout_s  # the first answer waits for the imports
+        self.changed = threading.Condition()
+        self.ready: dict | None = None  # the zygote's first message: what it preloaded
+        self._channel: socket.socket | None = None
+        self._zygote: subprocess.Popen | None = None
+        self._answers: dict[int, WarmProcess | str] = {}
+        self._live: dict[int, WarmProcess] = {}
+        self._next_id = 0
+        self._spawn_lock = threading.Lock()
+
+    # -- the zygote ------------------------------------------------------------------------
+    def start(self) -> WarmStarter:
+        """Start the zygote (its imports run while the caller goes on)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        args = [sys.executable, "-m", "ance_train.launcher.zygote", "--fd", str(theirs.fileno()),
+                "--preload", ",".join(self.preload), "--label", self.label]
+        if self.encoder_type:
+            args += ["--encoder-type", self.encoder_type]
+        with theirs, open(self.log_path, "ab") as out:
+            # Its own session (Ctrl-C is the launcher's to handle); SIGKILL when the thread
+            # that started it ends, and its children get SIGTERM when it does.
+            self._zygote = subprocess.Popen(
+                args, pass_fds=[theirs.fileno()], env=self.env, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+        self._channel = ours
+        threading.Thread(target=self._read, args=(ours,), name="zygote-reader",
+                         daemon=True).start()
+        return self
+
+    def alive(self) -> bool:
+        return self._channel is not None
+
+    def close(self) -> None:
+        """Stop the zygote (a child still running gets SIGTERM from the kernel)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            with suppress(OSError):
+                channel.shutdown(socket.SHUT_RDWR)
+            channel.close()
+        if self._zygote is not None:
+            try:
+                self._zygote.wait(10)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+
+    def _read(self, channel: socket.socket) -> None:
+        """The zygote's messages: answers to :meth:`spawn`, and every child's exit."""
+        try:
+            while (message := receive(channel)) is not None:
+                self._handle(message)
+        except OSError:  # closed by close()
+            pass
+        self._lost(channel)
+
+    def _handle(self, message: dict) -> None:
+        with self.changed:
+            if "ready" in message:
+                self.ready = message
+                if message["failed"]:
+                    log.warning("zygote: could not preload %s", message["failed"])
+            elif "exited" in message:
+                process = self._live.pop(message["exited"], None)
+                if process is not None:
+                    process.returncode = message["code"]
+            elif "pid" in message:
+                process = WarmProcess(self, message["pid"], [])
+                self._live[process.pid] = process
+                self._answers[message["id"]] = process
+            else:
+                self._answers[message["id"]] = message["error"]
+            self.changed.notify_all()
+
+    def _lost(self, channel: socket.socket) -> None:
+        """The zygote is gone (or closed): its children are ended and reported killed."""
+        with self.changed:
+            if self._channel is channel:
+                self._channel = None
+            for process in self._live.values():
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.returncode = -signal.SIGKILL
+            self._live.clear()
+            self.changed.notify_all()
+        if self._zygote is not None:
+            with suppress(subprocess.TimeoutExpired):
+                self._zygote.wait(5)  # reaped, not left a zombie
+
+    # -- processes -------------------------------------------------------------------------
+    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> WarmProcess:
+        """``argv`` (``[sys.executable, "-m", module, *args]``) forked from the zygote, with
+        ``env`` as its whole environment, stdout and stderr appended to ``log_path``, and the
+        caller's working directory. Starts a zygote first when the last one died."""
+        if argv[:2] != [sys.executable, "-m"] or len(argv) < 3:
+            raise ValueError(f"a warm start runs `{sys.executable} -m MODULE ...`, not {argv}")
+        with self._spawn_lock:
+            if not self.alive():
+                log.warning("the zygote is gone: starting another")
+                self.start()
+            channel = self._channel
+            assert channel is not None
+            with self.changed:
+                self._next_id += 1
+                request_id = self._next_id
+            try:
+                send(channel, {"id": request_id, "module": argv[2], "args": argv[3:],
+                               "env": env, "cwd": os.getcwd(), "log": str(log_path),
+                               "title": " ".join(argv)})
+            except OSError as error:
+                raise WarmStartError(f"the zygote is gone ({error})") from None
+            deadline = time.monotonic() + self.answer_timeout_s
+            with self.changed:
+                self.changed.wait_for(lambda: request_id in self._answers or not self.alive(),
+                                      max(0.0, deadline - time.monotonic()))
+                answer = self._answers.pop(request_id, None)
+            if isinstance(answer, WarmProcess):
+                answer.args = argv
+                return answer
+            if answer is None:
+                raise WarmStartError(
+                    "the zygote died" if not self.alive() else
+                    f"the zygote did not answer within {self.answer_timeout_s:g} s")
+            raise WarmStartError(answer)

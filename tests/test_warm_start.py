@@ -1,0 +1,155 @@
+"""Services forked from the zygote (launcher/zygote.py, launcher/warm_start.py) behave as the
+cold ``python -m`` start they replace: the requested argv, environment, working directory and
+log; their own session; their exit status (a signal as a negative code); fresh random draws;
+their command line in ``ps``; and no process outlives the launcher or a lost zygote.
+
+Real processes throughout: a zygote (preloading ``decimal`` and numpy, not torch, to stay
+quick) forking ``python -m ance_train_dev.warm_child``. Every end-to-end run of the suite starts
+its trainer and inferencers this way (services.warm_start is on by default; test_restarts
+checks which service started how); test_api's dying-service run starts all of them cold
+(warm_start off), as do the runs with GPUs (test_gpu_placement) and torchrun trainers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ance_train.launcher.warm_start import WarmStarter
+
+from ance_train_dev.service_harness import wait_until
+
+CHILD = [sys.executable, "-m", "ance_train_dev.warm_child"]
+
+
+@pytest.fixture
+def starter(tmp_path: Path) -> Iterator[WarmStarter]:
+    zygote = WarmStarter(dict(os.environ), tmp_path / "zygote.log", str(tmp_path),
+                         preload=("decimal", "numpy")).start()
+    yield zygote
+    zygote.close()
+
+
+def _report(log: Path) -> dict:
+    line = wait_until(lambda: log.is_file() and log.read_text().splitlines()[:1], 60,
+                      f"the child's report in {log}")
+    return json.loads(line[0])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_warm_child_gets_the_argv_environment_directory_and_log_asked_for(
+        starter: WarmStarter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+           "ONLY_HERE": "1"}
+    log = tmp_path / "child.log"
+    log.write_text("")  # appended to, as the launcher's logs are across restarts
+    child = starter.spawn([*CHILD, "exit", "7"], env, log)
+    assert child.wait(60) == 7 and child.poll() == 7
+    report = _report(log)
+    assert report["argv"][1:] == ["exit", "7"]
+    assert report["argv"][0].endswith("ance_train_dev/warm_child.py")
+    assert report["env"] == env  # exactly: nothing of the zygote's environment leaks in
+    assert report["cwd"] == str(work)
+    assert report["pid"] == child.pid and report["sid"] == child.pid  # its own session
+    assert report["stdin"] == ""  # /dev/null
+    assert report["found_preloaded"] and starter.ready is not None
+    assert "decimal" in starter.ready["ready"]
+
+
+def test_stderr_an_exception_and_a_signal_end_as_popen_would_say(starter: WarmStarter,
+                                                                  tmp_path: Path) -> None:
+    env = dict(os.environ)
+    said = starter.spawn([*CHILD, "stderr", "to the log too"], env, tmp_path / "said.log")
+    assert said.wait(60) == 0
+    assert "to the log too" in (tmp_path / "said.log").read_text()
+
+    raised = starter.spawn([*CHILD, "raise"], env, tmp_path / "raised.log")
+    assert raised.wait(60) == 1
+    assert "RuntimeError: the child's own error" in (tmp_path / "raised.log").read_text()
+
+    sleeper = starter.spawn([*CHILD, "sleep"], env, tmp_path / "sleeper.log")
+    _report(tmp_path / "sleeper.log")
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(0.3)
+    assert sleeper.poll() is None
+    # What ps and pgrep -f show is the command a cold start would have run.
+    # (one string, the title; /proc pads it with NULs, which psutil splits on)
+    assert " ".join(psutil.Process(sleeper.pid).cmdline()).split() == [*CHILD, "sleep"]
+    sleeper.kill()
+    assert sleeper.wait(30) == -signal.SIGKILL
+    sleeper.kill()  # a second signal to an ended process reaches nobody, and does not fail
+
+
+def test_each_child_draws_its_own_random_numbers(starter: WarmStarter, tmp_path: Path) -> None:
+    draws = []
+    for name in ("a", "b"):
+        child = starter.spawn([*CHILD, "exit", "0"], dict(os.environ), tmp_path / f"{name}.log")
+        assert child.wait(60) == 0
+        report = _report(tmp_path / f"{name}.log")
+        draws.append((report["random"], report["numpy_random"]))
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]
+
+
+def test_a_lost_zygote_takes_its_children_and_the_next_spawn_starts_another(
+        starter: WarmStarter, tmp_path: Path) -> None:
+    sleeper = starter.spawn([*CHILD, "sleep"], dict(os.environ), tmp_path / "s.log")
+    _report(tmp_path / "s.log")
+    first = starter._zygote
+    assert first is not None
+    os.kill(first.pid, signal.SIGKILL)
+    assert sleeper.wait(30) == -signal.SIGKILL
+    wait_until(lambda: _gone(sleeper.pid), 30, "the lost zygote's child to end")
+    again = starter.spawn([*CHILD, "exit", "3"], dict(os.environ), tmp_path / "again.log")
+    assert again.wait(60) == 3
+    assert starter._zygote is not None and starter._zygote.pid != first.pid
+
+
+def test_the_zygote_and_its_children_die_with_the_launcher(tmp_path: Path) -> None:
+    """The launcher SIGKILLed: the kernel kills its zygote (PDEATHSIG), whose children get
+    SIGTERM the same way."""
+    launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        from ance_train.launcher.warm_start import WarmStarter
+        starter = WarmStarter(dict(os.environ), Path({str(tmp_path / 'z.log')!r}), "x",
+                              preload=("decimal",)).start()
+        child = starter.spawn({[*CHILD, 'sleep']!r}, dict(os.environ),
+                              Path({str(tmp_path / 'c.log')!r}))
+        print(starter._zygote.pid, child.pid, flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    zygote, child = map(int, launcher.stdout.readline().split())
+    _report(tmp_path / "c.log")
+    launcher.kill()
+    launcher.wait()
+    wait_until(lambda: _gone(zygote) and _gone(child), 30,
+               "the zygote and its child to die with the launcher")
+
+
+def test_close_ends_the_zygote_and_only_python_m_is_started(starter: WarmStarter,
+                                                            tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="-m MODULE"):
+        starter.spawn([sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "x.log")
+    zygote = starter._zygote
+    assert zygote is not None and zygote.poll() is None
+    starter.close()
+    assert zygote.poll() is not None and not starter.alive()
