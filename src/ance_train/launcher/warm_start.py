@@ -41,12 +41,15 @@ class ProcessHandle(Protocol):
     """What the launcher needs of a child process: ``subprocess.Popen``'s names."""
 
     pid: int
+    returncode: int | None
 
     def poll(self) -> int | None: ...
 
     def wait(self, timeout: float | None = None) -> int: ...
 
     def send_signal(self, sig: int) -> None: ...
+
+    def terminate(self) -> None: ...
 
     def kill(self) -> None: ...
 
@@ -195,6 +198,10 @@ class WarmStarter:
         caller's working directory. Starts a zygote first when the last one died."""
         if argv[:2] != [sys.executable, "-m"] or len(argv) < 3:
             raise ValueError(f"a warm start runs `{sys.executable} -m MODULE ...`, not {argv}")
+        # The log exists when this returns, as with a Popen given an open file (and a log
+        # that cannot be written fails here, not in the child).
+        with open(log_path, "ab"):
+            pass
         with self._spawn_lock:
             if not self.alive():
                 log.warning("the zygote is gone: starting another")
