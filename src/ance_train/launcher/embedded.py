@@ -405,6 +405,9 @@ class EmbeddedRun:
         if self.config.services.warm_start and not self.placement.gpus:
             self.warm = WarmStarter(self.env, self.run_dir / "logs" / "zygote.log",
                                     str(self.run_dir), self.encoder_type).start()
+            console.print("warm start: the trainer and inferencers are forked from one process "
+                          "that imports torch and transformers once (services.warm_start; its "
+                          "log: logs/zygote.log)")
         if partitions == 1:
             self.indexer = self._spawn("indexer", "indexer", ports.indexer_port or free_port())
         else:  # one process per partition; partition 0 merges and announces (indexer-0)
