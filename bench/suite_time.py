@@ -56,9 +56,8 @@ def run_suite(commit: str, log_dir: Path) -> dict:
     subprocess.run(["git", "worktree", "add", "-f", "--detach", str(tree), sha], cwd=REPO,
                    check=True, capture_output=True)
     try:
-        for shared in (".cache",):
-            if (REPO / shared).exists() and not (tree / shared).exists():
-                (tree / shared).symlink_to(REPO / shared)
+        if (REPO / ".cache").exists() and not (tree / ".cache").exists():
+            (tree / ".cache").symlink_to(REPO / ".cache")
         env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}:{tree / 'dev'}")
         log = log_dir / f"suite-{sha}.log"
         load = os.getloadavg()[0]

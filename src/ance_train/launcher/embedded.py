@@ -46,7 +46,7 @@ from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.launcher.supervisor import CrashLoop, Supervisor
 from ance_train.launcher.warm_start import ProcessHandle, WarmStarter, WarmStartError
-from ance_train.modeling.files import check_encoder, encoder_config_json
+from ance_train.modeling.files import check_encoder
 from ance_train.modeling.source import ResolvedModel, publish_model, resolve_model
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
 from ance_train.protocol import keys
@@ -265,8 +265,7 @@ class EmbeddedRun:
         scratch = self.run_dir.parent / f".{self.config.run_id}.model"
         resolved = resolve_model(self.config.model, scratch)
         try:
-            check_encoder(resolved.directory)
-            self.encoder_type = str(encoder_config_json(resolved.directory)["model_type"])
+            self.encoder_type = str(check_encoder(resolved.directory)["model_type"])
         except BaseException:
             resolved.cleanup()
             raise

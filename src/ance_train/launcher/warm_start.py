@@ -128,7 +128,7 @@ class WarmStarter:
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=lambda: die_with_parent(signal.SIGKILL))
         self._channel = ours
-        threading.Thread(target=self._read, args=(ours,), name="zygote-reader",
+        threading.Thread(target=self._read, args=(ours, self._zygote), name="zygote-reader",
                          daemon=True).start()
         return self
 
@@ -149,14 +149,16 @@ class WarmStarter:
                 self._zygote.kill()
                 self._zygote.wait()
 
-    def _read(self, channel: socket.socket) -> None:
-        """The zygote's messages: answers to :meth:`spawn`, and every child's exit."""
+    def _read(self, channel: socket.socket, zygote: subprocess.Popen) -> None:
+        """The messages of one zygote: answers to :meth:`spawn`, and every child's exit."""
         try:
             while (message := receive(channel)) is not None:
                 self._handle(message)
         except OSError:  # closed by close()
             pass
         self._lost(channel)
+        with suppress(subprocess.TimeoutExpired):
+            zygote.wait(5)  # reaped, not left a zombie (a newer zygote may be running)
 
     def _handle(self, message: dict) -> None:
         with self.changed:
@@ -187,9 +189,6 @@ class WarmStarter:
                 process.returncode = -signal.SIGKILL
             self._live.clear()
             self.changed.notify_all()
-        if self._zygote is not None:
-            with suppress(subprocess.TimeoutExpired):
-                self._zygote.wait(5)  # reaped, not left a zombie
 
     # -- processes -------------------------------------------------------------------------
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> WarmProcess:

@@ -60,7 +60,7 @@ def preload(modules: list[str], encoder_type: str | None) -> tuple[list[str], di
     """Import ``modules`` and the transformers model code of ``encoder_type`` (``bert``): the
     names imported, and an error per name that failed (the service then imports, and reports,
     it itself)."""
-    names = list(modules)
+    names, failed, done = list(modules), {}, []
     if encoder_type:
         try:
             from transformers.models.auto.configuration_auto import model_type_to_module_name
@@ -68,12 +68,7 @@ def preload(modules: list[str], encoder_type: str | None) -> tuple[list[str], di
             module = model_type_to_module_name(encoder_type)
             names.append(f"transformers.models.{module}.modeling_{module}")
         except Exception as error:  # an unknown model type: the service will say so
-            return _import_all(names, {f"model type {encoder_type}": repr(error)})
-    return _import_all(names, {})
-
-
-def _import_all(names: list[str], failed: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    done = []
+            failed[f"model type {encoder_type}"] = repr(error)
     for name in names:
         try:
             importlib.import_module(name)

@@ -27,13 +27,14 @@ class ModelLoadError(ValueError):
     """The model directory is missing, unreadable or not a text encoder."""
 
 
-def check_encoder(path: str | Path) -> None:
+def check_encoder(path: str | Path) -> dict[str, Any]:
     """Fail fast, without loading the weights (or importing torch), unless ``path`` holds a
     text encoder (config, safetensors weights) and its tokenizer; the error names the
-    directory."""
+    directory. Returns its ``config.json``."""
     path = Path(path)
-    encoder_config_json(path)
+    config = encoder_config_json(path)
     check_tokenizer_files(path)
+    return config
 
 
 def encoder_config_json(path: Path) -> dict[str, Any]:
