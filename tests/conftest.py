@@ -10,6 +10,9 @@ work are single tests, except that:
   overlap one another;
 * a module whose tests share one module-scoped run is one unit (that run happens once).
 
+Each worker starts a warm-start server (``ANCE_WARM_START_SERVER``) that the services of its
+tests and of the runs they launch are forked from.
+
 Larger units go out first, then the slow single tests, then the rest.
 
 The controller that hands out the units collects nothing itself, so it goes by module
@@ -31,6 +34,7 @@ from ance_train.launcher.redis_server import RedisServer
 
 from ance_train_dev.helpers import make_scifact_subset, make_tiny_bert
 from ance_train_dev.servers import moto_server, use_worker_port_range
+from ance_train_dev.service_harness import start_warm_start_server
 
 FAULT_MODULES = ("test_duplicate_events.py", "test_fault_corrupt_checkpoint.py",
                  "test_fault_corrupt_shard.py", "test_fault_redis_restart.py",
@@ -62,6 +66,11 @@ def work_unit(nodeid: str) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     use_worker_port_range()
+    # Every process that runs tests (not xdist's controller) forks the trainers and
+    # inferencers it starts, and those of the runs it launches, from one warm-start server
+    # (dev/ance_train_dev/service_harness.py); its imports overlap the collection.
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
+        start_warm_start_server()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

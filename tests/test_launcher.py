@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from ance_train.launcher.warm_start import SERVER_VAR
+
 from ance_train_dev.helpers import write_config
 from ance_train_dev.service_harness import processes_mentioning, registered_services, wait_until
 
@@ -88,6 +90,9 @@ def test_ctrl_c_stops_every_service_and_redis(tmp_path: Path, scifact_subset,
     run_dir = tmp_path / "runs" / "launch"
     # With ANCE_REDIS_PASSWORD in the shell, the run's private Redis requires it.
     env = dict(os.environ, ANCE_REDIS_PASSWORD="launcher-test-secret")
+    # A zygote of the run's own, as a user's run has (not the test process's warm-start
+    # server, which the suite's other runs share): it too must stop with the run.
+    env.pop(SERVER_VAR, None)
     # Started with SIGINT ignored, as a shell starts a background job (`cmd &` in a script):
     # the launcher must still stop on it.
     launcher = subprocess.Popen([sys.executable, "-m", "ance_train.cli", "run", "--config",

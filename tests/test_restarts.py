@@ -113,7 +113,10 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path: Path, sci
         assert log.count("object store ") >= 2, log[-2000:]
     assert all(c.process.poll() is not None for c in run.children)
     # services.warm_start (on by default): the trainer and the inferencers, restarted ones
-    # included, were forked from the run's zygote; the index partitions started cold.
+    # included, were forked from a zygote (here the test process's warm-start server, even
+    # after the earlier tests of this process changed its environment as libraries do);
+    # the index partitions started cold.
+    assert run.warm is not None and run.warm.shared
     started = {c.name: type(c.process).__name__ for c in run.children}
     assert started == {"trainer": "WarmProcess", "inferencer-0": "WarmProcess",
                        "inferencer-1": "WarmProcess", "indexer-0": "Popen",

@@ -1,7 +1,9 @@
 """Services forked from the zygote (launcher/zygote.py, launcher/warm_start.py) behave as the
 cold ``python -m`` start they replace: the requested argv, environment, working directory and
 log; their own session; their exit status (a signal as a negative code); fresh random draws;
-their command line in ``ps``; and no process outlives the launcher or a lost zygote.
+their command line in ``ps``; and no process outlives the launcher or a lost zygote. A
+warm-start server (``zygote --listen``) serves several launchers, each with its own children's
+exits, and ends a launcher's children when that launcher goes.
 
 Real processes throughout: a zygote (preloading ``decimal`` and numpy, not torch, to stay
 quick) forking ``python -m ance_train_dev.warm_child``. Every end-to-end run of the suite starts
@@ -24,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ance_train.launcher.warm_start import WarmStarter
+from ance_train.launcher.warm_start import WarmStarter, WarmStartError
 
 from ance_train_dev.service_harness import wait_until
 
@@ -153,3 +155,89 @@ def test_close_ends_the_zygote_and_only_python_m_is_started(starter: WarmStarter
     assert zygote is not None and zygote.poll() is None
     starter.close()
     assert zygote.poll() is not None and not starter.alive()
+
+
+# -- a warm-start server (zygote --listen): one zygote for many launchers ------------------
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    path = str(tmp_path / "warm.sock")
+    with open(tmp_path / "server.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ance_train.launcher.zygote", "--listen", path,
+             "--preload", "decimal,numpy", "--label", "test server"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_until(lambda: Path(path).exists(), 60, "the server's socket")
+    yield path
+    process.terminate()
+    process.wait(30)
+
+
+def _client(tmp_path: Path, server: str, name: str) -> WarmStarter:
+    return WarmStarter(dict(os.environ), tmp_path / f"{name}.log", name,
+                       preload=("decimal",), server=server).start()
+
+
+def test_two_launchers_share_a_server_and_each_ends_only_its_own_children(
+        server: str, tmp_path: Path) -> None:
+    first, second = _client(tmp_path, server, "first"), _client(tmp_path, server, "second")
+    assert first.shared and second.shared and first._zygote is None
+    assert first.ready is not None and "decimal" in first.ready["ready"]
+    mine = first.spawn([*CHILD, "sleep"], dict(os.environ), tmp_path / "mine.log")
+    theirs = second.spawn([*CHILD, "sleep"], dict(os.environ), tmp_path / "theirs.log")
+    mine_report, theirs_report = _report(tmp_path / "mine.log"), _report(tmp_path / "theirs.log")
+    assert mine_report["found_preloaded"] and mine_report["sid"] == mine.pid
+    assert mine_report["random"] != theirs_report["random"]
+    # Exits go to the launcher that asked: each sees its own child's code, not the other's.
+    quick = second.spawn([*CHILD, "exit", "5"], dict(os.environ), tmp_path / "quick.log")
+    assert quick.wait(60) == 5 and mine.poll() is None and first._live.keys() == {mine.pid}
+    # The first launcher goes: the server ends its child (SIGTERM), and only that one.
+    first.close()
+    wait_until(lambda: _gone(mine.pid), 30, "the closed launcher's child to end")
+    assert theirs.poll() is None and not _gone(theirs.pid)
+    theirs.terminate()
+    assert theirs.wait(30) == -signal.SIGTERM
+    second.close()
+
+
+def test_a_launcher_killed_takes_its_children_from_the_server(server: str,
+                                                              tmp_path: Path) -> None:
+    launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, time
+        from pathlib import Path
+        from ance_train.launcher.warm_start import WarmStarter
+        starter = WarmStarter(dict(os.environ), Path({str(tmp_path / 'z.log')!r}), "x",
+                              server={server!r}).start()
+        assert starter.shared
+        child = starter.spawn({[*CHILD, 'sleep']!r}, dict(os.environ),
+                              Path({str(tmp_path / 'c.log')!r}))
+        print(child.pid, flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    child = int(launcher.stdout.readline())
+    _report(tmp_path / "c.log")
+    launcher.kill()
+    launcher.wait()
+    wait_until(lambda: _gone(child), 30, "the killed launcher's child to end")
+    # The server itself serves on.
+    after = _client(tmp_path, server, "after")
+    assert after.spawn([*CHILD, "exit", "0"], dict(os.environ), tmp_path / "a.log").wait(60) == 0
+    after.close()
+
+
+def test_no_server_or_another_environment_falls_back(server: str, tmp_path: Path) -> None:
+    """No server at the path: the launcher starts a zygote of its own. A process whose
+    environment differs in what is read at import time is refused (the launcher then starts
+    it cold): the server's imports read the server's values."""
+    own = _client(tmp_path, str(tmp_path / "nobody.sock"), "own")
+    assert own.alive() and not own.shared and own._zygote is not None
+    assert own.spawn([*CHILD, "exit", "0"], dict(os.environ), tmp_path / "o.log").wait(60) == 0
+    own.close()
+    shared = _client(tmp_path, server, "shared")
+    # What libraries set for themselves as they run (threadpoolctl, torch) is no difference.
+    drifted = dict(os.environ, KMP_DUPLICATE_LIB_OK="True", TORCHINDUCTOR_CACHE_DIR="/tmp/x")
+    assert shared.spawn([*CHILD, "exit", "0"], drifted, tmp_path / "d.log").wait(60) == 0
+    with pytest.raises(WarmStartError, match="HF_HUB_OFFLINE, which are read at import time"):
+        shared.spawn([*CHILD, "exit", "0"], dict(os.environ, HF_HUB_OFFLINE="1"),
+                     tmp_path / "hub.log")
+    shared.close()

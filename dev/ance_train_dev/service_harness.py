@@ -1,10 +1,12 @@
 """Starting single services as OS processes against a real Redis and store, for tests.
 
-A trainer or inferencer is forked from one zygote per test process (launcher/zygote.py, as
-the embedded mode starts them with ``services.warm_start``): it imported torch and
-transformers once, where every cold start would spend 4-6 CPU-s doing it. The indexer, and a
-service whose extra environment holds Hugging Face Hub settings (which huggingface_hub reads
-when imported, so the zygote's would stay), start cold.
+A trainer or inferencer is forked from one warm-start server per test process
+(:func:`start_warm_start_server`, ``python -m ance_train.launcher.zygote --listen``): it
+imported torch and transformers once, where every cold start would spend 4-6 CPU-s doing it.
+tests/conftest.py starts it and sets ``ANCE_WARM_START_SERVER``, so the embedded runs the tests
+launch (``ance-train run``, bench/quality.py, ...) fork their services from it too instead of
+each starting a zygote of its own. The indexer, and a service whose environment differs from
+the server's in what is read at import time (Hugging Face Hub settings, say), start cold.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -24,22 +28,58 @@ import yaml
 from ance_train.config import load_config
 from ance_train.data.validation import validate_dataset
 from ance_train.infra.bus import EventBus
+from ance_train.infra.process import die_with_parent
 from ance_train.infra.store import LocalStore, ObjectStore, S3Store
 from ance_train.launcher.embedded import PLAIN_SERVICE, WARM_ROLES
-from ance_train.launcher.warm_start import ProcessHandle, WarmStarter
+from ance_train.launcher.warm_start import (
+    PRELOAD,
+    SERVER_VAR,
+    ProcessHandle,
+    WarmStarter,
+    WarmStartError,
+)
 from ance_train.runtime import publish_dataset
 
 _zygote: WarmStarter | None = None
-HUB_SETTINGS = ("HF_", "TRANSFORMERS_", "HUGGINGFACE_")
+
+
+def start_warm_start_server(encoder_type: str = "bert") -> subprocess.Popen:
+    """Start this test process's warm-start server and name it in ``ANCE_WARM_START_SERVER``
+    for every launcher started from here on; it is stopped at exit, and dies with this
+    process (PDEATHSIG), its children with it."""
+    label = f"test process {os.getpid()}"
+    path = Path(tempfile.gettempdir()) / f"ance-warm-{os.getpid()}.sock"
+    log = Path(tempfile.gettempdir()) / f"ance-test-zygote-{os.getpid()}.log"
+    with open(log, "ab") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "ance_train.launcher.zygote", "--listen", str(path),
+             "--preload", ",".join(PRELOAD), "--encoder-type", encoder_type, "--label", label],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+
+    def stop() -> None:
+        server.terminate()
+        server.wait()
+        path.unlink(missing_ok=True)
+
+    atexit.register(stop)
+    # Bound before its imports: from then on a launcher connecting waits for it.
+    wait_until(lambda: path.exists() or server.poll() is not None, 60,
+               f"the warm-start server's socket {path}")
+    if server.poll() is not None:
+        raise RuntimeError(f"the warm-start server ended ({server.returncode}): see {log}")
+    os.environ[SERVER_VAR] = str(path)
+    return server
 
 
 def shared_zygote() -> WarmStarter:
-    """This test process's zygote, started on first use and closed at its exit."""
+    """This test process's warm-start server (its own zygote when none runs), connected on
+    first use and closed at its exit."""
     global _zygote
     if _zygote is None:
         log = Path(tempfile.gettempdir()) / f"ance-test-zygote-{os.getpid()}.log"
         _zygote = WarmStarter(dict(os.environ), log, f"test process {os.getpid()}",
-                              encoder_type="bert").start()
+                              encoder_type="bert", server=os.environ.get(SERVER_VAR)).start()
         atexit.register(_zygote.close)
     return _zygote
 
@@ -94,9 +134,11 @@ class Harness:
                 "--instance", instance, "--work-dir", str(self.root / "work" / instance)]
         env = {**self.env(), **(extra_env or {})}
         log_path = self.root / f"{instance}.log"
-        if role in WARM_ROLES and not any(key.startswith(HUB_SETTINGS)
-                                          for key in extra_env or {}):
-            return shared_zygote().spawn(argv, env, log_path)
+        if role in WARM_ROLES:
+            try:
+                return shared_zygote().spawn(argv, env, log_path)
+            except WarmStartError:  # an environment the server's imports did not read
+                pass
         with open(log_path, "ab") as log:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 

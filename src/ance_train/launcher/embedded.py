@@ -45,7 +45,12 @@ from ance_train.launcher.placement import Placement, place, visible_gpus
 from ance_train.launcher.ports import free_port
 from ance_train.launcher.redis_server import RedisServer
 from ance_train.launcher.supervisor import CrashLoop, Supervisor
-from ance_train.launcher.warm_start import ProcessHandle, WarmStarter, WarmStartError
+from ance_train.launcher.warm_start import (
+    SERVER_VAR,
+    ProcessHandle,
+    WarmStarter,
+    WarmStartError,
+)
 from ance_train.modeling.files import check_encoder
 from ance_train.modeling.source import ResolvedModel, publish_model, resolve_model
 from ance_train.observability.tracking import TENSORBOARD_DIR_VAR
@@ -403,10 +408,13 @@ class EmbeddedRun:
             console.print(line)
         if self.config.services.warm_start and not self.placement.gpus:
             self.warm = WarmStarter(self.env, self.run_dir / "logs" / "zygote.log",
-                                    str(self.run_dir), self.encoder_type).start()
-            console.print("warm start: the trainer and inferencers are forked from one process "
-                          "that imports torch and transformers once (services.warm_start; its "
-                          "log: logs/zygote.log)")
+                                    str(self.run_dir), self.encoder_type,
+                                    server=self.env.get(SERVER_VAR)).start()
+            source = (f"the warm-start server {self.env[SERVER_VAR]} ({SERVER_VAR})"
+                      if self.warm.shared else "one process that imports torch and "
+                      "transformers once (its log: logs/zygote.log)")
+            console.print(f"warm start: the trainer and inferencers are forked from {source} "
+                          "(services.warm_start)")
         if partitions == 1:
             self.indexer = self._spawn("indexer", "indexer", ports.indexer_port or free_port())
         else:  # one process per partition; partition 0 merges and announces (indexer-0)

@@ -8,6 +8,11 @@ use a ``subprocess.Popen`` (:class:`ProcessHandle`: ``pid``, ``poll``, ``wait``,
 messages from it. When the zygote dies, its children are killed (they would get SIGTERM from
 the kernel anyway and take their grace period to stop, while the supervisor started their
 replacements) and reported dead; the next :meth:`WarmStarter.spawn` starts another zygote.
+
+A launcher whose environment names a warm-start server (:data:`SERVER_VAR`: the socket of a
+``python -m ance_train.launcher.zygote --listen PATH``) asks that one instead of starting its
+own, when it runs the same interpreter and ``ance_train``; otherwise it starts its own. A
+sweep of runs on one machine, or the test suite, then pays for the imports once.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ance_train.infra.process import die_with_parent
-from ance_train.launcher.zygote import receive, send
+from ance_train.launcher.zygote import PACKAGE, import_settings, receive, send
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,8 @@ log = logging.getLogger(__name__)
 # meant to be forked once it runs.
 PRELOAD = ("torch", "transformers.modeling_utils", "transformers.tokenization_utils_fast",
            "prometheus_client", "minio", "redis", "pydantic")
+# The socket of a shared zygote (``--listen``) for launchers to use instead of their own.
+SERVER_VAR = "ANCE_WARM_START_SERVER"
 
 
 class ProcessHandle(Protocol):
@@ -92,12 +99,16 @@ class WarmProcess:
 class WarmStarter:
     """A zygote for one run, started with the run's environment (what the preloaded modules
     read when imported) and logging to ``log_path``; ``label`` (the run directory) goes on its
-    command line, so ``pgrep -f <run directory>`` finds it."""
+    command line, so ``pgrep -f <run directory>`` finds it. With ``server`` (a ``--listen``
+    socket path), that shared zygote is used instead where it can be (module docstring)."""
 
     def __init__(self, env: dict[str, str], log_path: Path, label: str,
                  encoder_type: str | None = None, preload: tuple[str, ...] = PRELOAD,
-                 answer_timeout_s: float = 300.0) -> None:
+                 answer_timeout_s: float = 300.0, server: str | None = None) -> None:
         self.env = env
+        self.server = server
+        self.import_env: dict[str, str] = {}  # what the zygote's imports read (IMPORT_SETTINGS)
+        self.shared = False  # the last start: a warm-start server's, not a zygote of our own
         self.log_path = log_path
         self.label = label
         self.encoder_type = encoder_type
@@ -114,7 +125,15 @@ class WarmStarter:
 
     # -- the zygote ------------------------------------------------------------------------
     def start(self) -> WarmStarter:
-        """Start the zygote (its imports run while the caller goes on)."""
+        """Connect to the server, or start the zygote (its imports run while the caller goes
+        on)."""
+        if self.server:
+            try:
+                return self._connect(self.server)
+            except (OSError, ValueError, WarmStartError) as error:
+                log.warning("warm-start server %s not used (%s): starting a zygote of this "
+                            "run's own", self.server, error)
+        self.import_env, self.shared = import_settings(self.env), False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         args = [sys.executable, "-m", "ance_train.launcher.zygote", "--fd", str(theirs.fileno()),
                 "--preload", ",".join(self.preload), "--label", self.label]
@@ -129,6 +148,30 @@ class WarmStarter:
                 preexec_fn=lambda: die_with_parent(signal.SIGKILL))
         self._channel = ours
         threading.Thread(target=self._read, args=(ours, self._zygote), name="zygote-reader",
+                         daemon=True).start()
+        return self
+
+    def _connect(self, path: str) -> WarmStarter:
+        """Use the shared zygote at ``path`` if it runs this interpreter and ``ance_train``."""
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            channel.settimeout(self.answer_timeout_s)  # a server still importing answers late
+            channel.connect(path)
+            ready = receive(channel)
+            if ready is None or "ready" not in ready:
+                raise WarmStartError("it closed the connection")
+            ours = {"executable": sys.executable, "package": PACKAGE}
+            theirs = {key: ready.get(key) for key in ours}
+            if theirs != ours:
+                raise WarmStartError(f"it runs {theirs}, this launcher {ours}")
+            channel.settimeout(None)
+        except BaseException:
+            channel.close()
+            raise
+        self.ready, self.import_env, self._zygote = ready, ready["env"], None
+        self.shared = True
+        self._channel = channel
+        threading.Thread(target=self._read, args=(channel, None), name="zygote-reader",
                          daemon=True).start()
         return self
 
@@ -149,7 +192,7 @@ class WarmStarter:
                 self._zygote.kill()
                 self._zygote.wait()
 
-    def _read(self, channel: socket.socket, zygote: subprocess.Popen) -> None:
+    def _read(self, channel: socket.socket, zygote: subprocess.Popen | None) -> None:
         """The messages of one zygote: answers to :meth:`spawn`, and every child's exit."""
         try:
             while (message := receive(channel)) is not None:
@@ -157,8 +200,9 @@ class WarmStarter:
         except OSError:  # closed by close()
             pass
         self._lost(channel)
-        with suppress(subprocess.TimeoutExpired):
-            zygote.wait(5)  # reaped, not left a zombie (a newer zygote may be running)
+        if zygote is not None:
+            with suppress(subprocess.TimeoutExpired):
+                zygote.wait(5)  # reaped, not left a zombie (a newer zygote may be running)
 
     def _handle(self, message: dict) -> None:
         with self.changed:
@@ -194,7 +238,9 @@ class WarmStarter:
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> WarmProcess:
         """``argv`` (``[sys.executable, "-m", module, *args]``) forked from the zygote, with
         ``env`` as its whole environment, stdout and stderr appended to ``log_path``, and the
-        caller's working directory. Starts a zygote first when the last one died."""
+        caller's working directory. Starts a zygote first when the last one died.
+        :class:`WarmStartError` when ``env`` differs from the zygote's in a variable read at
+        import time (:data:`~ance_train.launcher.zygote.IMPORT_SETTINGS`): start it cold."""
         if argv[:2] != [sys.executable, "-m"] or len(argv) < 3:
             raise ValueError(f"a warm start runs `{sys.executable} -m MODULE ...`, not {argv}")
         # The log exists when this returns, as with a Popen given an open file (and a log
@@ -205,6 +251,12 @@ class WarmStarter:
             if not self.alive():
                 log.warning("the zygote is gone: starting another")
                 self.start()
+            wanted = import_settings(env)
+            if wanted != self.import_env:
+                differ = sorted(k for k in {*wanted, *self.import_env}
+                                if wanted.get(k) != self.import_env.get(k))
+                raise WarmStartError(f"its environment differs from the zygote's in "
+                                     f"{', '.join(differ)}, which are read at import time")
             channel = self._channel
             assert channel is not None
             with self.changed:

@@ -22,7 +22,17 @@ per message): the zygote sends ``{"ready": [preloaded modules], "failed": {modul
 once its imports are done; a request ``{"id", "module", "args", "env", "cwd", "log", "title"}``
 is answered ``{"id", "pid"}`` (or ``{"id", "error"}``); every child's end is reported as
 ``{"exited": pid, "code"}`` (``Popen.returncode``'s convention: negative for a signal). The
-zygote exits when the socket closes.
+``ready`` message also says what a child inherits that its own environment cannot change: the
+interpreter (``executable``), where ``ance_train`` was imported from (``package``), and the
+variables read at import time (``env``, those of :data:`IMPORT_SETTINGS`). The zygote exits when
+the socket closes.
+
+With ``--listen PATH`` instead of ``--fd``, one zygote serves many launchers (a warm-start
+server: a sweep of runs on one machine, or the test suite's runs, share one set of imports).
+Each connection gets its own ``ready`` and the exits of its own children only; when a
+connection closes (its launcher stopped or died), the zygote sends ``SIGTERM`` to that
+connection's children that are still running, as the kernel does for a zygote's children when
+that zygote dies. The server runs until it gets ``SIGTERM`` or its parent dies.
 """
 
 from __future__ import annotations
@@ -39,11 +49,40 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Mapping
+from contextlib import suppress
+from pathlib import Path
 from typing import Any, NoReturn
 
 from ance_train.infra.process import die_with_parent, exit_code, exit_without_teardown
 
 MAX_MESSAGE = 1 << 20  # bytes; a request carries the environment
+# Environment variables read once, when a library is imported or first used, that change what
+# a service computes or where it reads from: the code's path, the Hugging Face Hub's offline
+# mode, endpoint and caches, CPU dispatch (docs/testing.md's AVX2 emulation) and thread pools.
+# A forked child keeps the zygote's, whatever its own environment says, so a request whose
+# values differ is refused (warm_start.WarmStarter.spawn) and that service starts cold. Not
+# those that libraries set for themselves as they run (threadpoolctl's KMP_DUPLICATE_LIB_OK,
+# the OpenMP runtime's KMP_INIT_AT_FORK, torch's TORCHINDUCTOR_CACHE_DIR, runtime.py's progress
+# bar switch, which a service applies itself): they would refuse every start after them.
+IMPORT_SETTINGS = frozenset({
+    "PYTHONPATH", "PYTHONHOME",
+    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_TOKEN", "HF_HUB_ETAG_TIMEOUT",
+    "HF_HUB_DOWNLOAD_TIMEOUT",
+    "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+    "NPY_DISABLE_CPU_FEATURES", "FAISS_SIMD_LEVEL", "FAISS_OPT_LEVEL",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+})
+
+
+PACKAGE = str(Path(__file__).resolve().parents[1])  # the ance_train a child runs
+
+
+def import_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that a process reads when importing (:data:`IMPORT_SETTINGS`);
+    an empty one counts as unset, as these libraries read it."""
+    return {key: value for key, value in env.items() if key in IMPORT_SETTINGS and value}
 
 
 def send(channel: socket.socket, message: dict[str, Any]) -> None:
@@ -78,49 +117,107 @@ def preload(modules: list[str], encoder_type: str | None) -> tuple[list[str], di
     return done, failed
 
 
-def serve(channel: socket.socket) -> None:
-    """Fork a child per request and report every child's exit, until the socket closes."""
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd is the notification
-    zygote = os.getpid()
-    try:
-        while True:
-            readable, _, _ = select.select([channel.fileno(), wake_r], [], [])
-            if wake_r in readable:
-                os.read(wake_r, 4096)
-            _report_exits(channel)
-            if channel.fileno() in readable:
-                request = receive(channel)
-                if request is None:
-                    return
-                try:
-                    pid = os.fork()
-                except OSError as error:  # out of memory or processes: the launcher says so
-                    send(channel, {"id": request["id"], "error": f"fork failed: {error}"})
-                    continue
-                if pid == 0:
-                    _become(request, zygote, channel, (wake_r, wake_w))
-                send(channel, {"id": request["id"], "pid": pid})
-    except (BrokenPipeError, ConnectionResetError):  # the launcher is gone
-        return
+class Zygote:
+    """The fork loop: a child per request, every child's exit reported to the connection that
+    asked for it. ``listener`` (``--listen``) accepts connections until the process is
+    stopped; without it, the one connection's end ends the loop."""
 
+    def __init__(self, ready: dict[str, Any], listener: socket.socket | None = None) -> None:
+        self.ready = ready
+        self.listener = listener
+        self.clients: dict[int, socket.socket] = {}  # by file descriptor
+        self.owners: dict[int, socket.socket | None] = {}  # child pid → its connection
+        self.pid = os.getpid()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd is the notification
 
-def _report_exits(channel: socket.socket) -> None:
-    while True:
+    def add(self, client: socket.socket) -> bool:
+        """Greet a new connection with ``ready``; False when it is already gone."""
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
+            send(client, self.ready)
+        except OSError:
+            client.close()
+            return False
+        self.clients[client.fileno()] = client
+        return True
+
+    def serve(self) -> None:
+        while self.clients or self.listener is not None:
+            waiting = [self.wake_r, *self.clients]
+            if self.listener is not None:
+                waiting.append(self.listener.fileno())
+            readable, _, _ = select.select(waiting, [], [])
+            asking = [self.clients[fd] for fd in readable if fd in self.clients]
+            if self.wake_r in readable:
+                os.read(self.wake_r, 4096)
+            self.report_exits()
+            if self.listener is not None and self.listener.fileno() in readable:
+                with suppress(OSError):  # a client that gave up before being accepted
+                    self.add(self.listener.accept()[0])
+            for client in asking:
+                if self.clients.get(client.fileno()) is client:  # not dropped meanwhile
+                    self.answer(client)
+
+    def answer(self, client: socket.socket) -> None:
+        try:
+            request = receive(client)
+        except OSError:
+            request = None
+        if request is None:
+            self.drop(client)
+            return
+        try:
+            pid = os.fork()
+        except OSError as error:  # out of memory or processes: the launcher says so
+            self.send(client, {"id": request["id"], "error": f"fork failed: {error}"})
             return
         if pid == 0:
+            _become(request, self.pid, self._fds())
+        self.owners[pid] = client
+        self.send(client, {"id": request["id"], "pid": pid})
+
+    def send(self, client: socket.socket, message: dict[str, Any]) -> None:
+        try:
+            send(client, message)
+        except OSError:  # that launcher is gone
+            self.drop(client)
+
+    def drop(self, client: socket.socket) -> None:
+        """A connection ended: its children still running get SIGTERM (their own sessions:
+        the whole group), as from the kernel when a zygote of their own dies."""
+        if self.clients.pop(client.fileno(), None) is None:
             return
-        send(channel, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        for pid, owner in self.owners.items():
+            if owner is client:
+                self.owners[pid] = None
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGTERM)
+        client.close()
+
+    def report_exits(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            owner = self.owners.pop(pid, None)
+            if owner is not None:
+                self.send(owner, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def _fds(self) -> list[int]:
+        """What a forked child must close: every socket and the wakeup pipe."""
+        fds = [self.wake_r, self.wake_w, *self.clients]
+        if self.listener is not None:
+            fds.append(self.listener.fileno())
+        return fds
 
 
-def _become(request: dict[str, Any], zygote: int, channel: socket.socket,
-            wake: tuple[int, int]) -> NoReturn:
-    """In the forked child: drop the zygote's socket and signal set-up, turn into
+def _become(request: dict[str, Any], zygote: int, fds: list[int]) -> NoReturn:
+    """In the forked child: drop the zygote's sockets and signal set-up, turn into
     ``python -m <module> <args>`` with the request's environment, working directory and log,
     then run it. Never returns."""
     code: object = 1
@@ -128,8 +225,7 @@ def _become(request: dict[str, Any], zygote: int, channel: socket.socket,
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        channel.close()
-        for fd in wake:
+        for fd in fds:
             os.close(fd)
         os.setsid()
         die_with_parent(signal.SIGTERM)
@@ -193,23 +289,40 @@ def _reseed() -> None:
         torch.seed()
 
 
+def listen(path: str) -> socket.socket:
+    """The ``--listen`` socket, readable by this user only; bound before the imports, so a
+    launcher that connects meanwhile waits for ``ready`` instead of failing."""
+    Path(path).unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    return listener
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ance_train.launcher.zygote")
-    parser.add_argument("--fd", type=int, required=True, help="the SOCK_SEQPACKET socket")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fd", type=int, help="the SOCK_SEQPACKET socket of its one launcher")
+    where.add_argument("--listen", help="a Unix socket path to serve many launchers on")
     parser.add_argument("--preload", default="", help="comma-separated modules to import")
     parser.add_argument("--encoder-type", default=None, help="config.json's model_type")
     parser.add_argument("--label", default="", help="the run directory, for ps and pgrep -f")
     options = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when services stop
-    channel = socket.socket(fileno=options.fd)
+    listener = listen(options.listen) if options.listen else None
     done, failed = preload([m for m in options.preload.split(",") if m], options.encoder_type)
     for name, error in failed.items():
         print(f"zygote: preloading {name} failed: {error}", file=sys.stderr, flush=True)
-    try:
-        send(channel, {"ready": done, "failed": failed})
-    except (BrokenPipeError, ConnectionResetError):
+    ready = {"ready": done, "failed": failed, "executable": sys.executable,
+             "package": PACKAGE, "env": import_settings(os.environ)}
+    zygote = Zygote(ready, listener)
+    if listener is None and not zygote.add(socket.socket(fileno=options.fd)):
         return
-    serve(channel)
+    zygote.serve()
 
 
 if __name__ == "__main__":
