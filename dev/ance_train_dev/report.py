@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import json
 import os
 import platform
 import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,14 +63,28 @@ def utc_now() -> str:
 
 
 def machine(device: str = "cpu") -> dict:
-    import torch
-    import transformers
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    """The machine a report was measured on. Without importing torch or transformers (2-3
+    CPU-s, more than some benchmarks' own work): their installed versions, and the GPU from
+    torch if the benchmark imported it, else from ``nvidia-smi``."""
     return {"platform": platform.platform(), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
-            "cores": os.cpu_count(),
-            "gpu": gpu, "device": device, "torch": torch.__version__,
-            "transformers": transformers.__version__}
+            "cores": os.cpu_count(), "gpu": gpu_name(), "device": device,
+            "torch": importlib.metadata.version("torch"),
+            "transformers": importlib.metadata.version("transformers")}
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name, or None."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return names[0].strip() or None
 
 
 def machine_line(machine: object) -> str:
