@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--name", default="suite-time")
     parser.add_argument("--logs", type=Path, default=Path("/tmp"))
     args = parser.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
     runs = [run_suite(commit, args.logs) for commit in args.commits]
     report = {"command": command_line(), "date": utc_now(),
               "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
