@@ -523,15 +523,20 @@ def main(argv: list[str] | None = None) -> int:
         report["breakdown"] = image_breakdown(CPU_IMAGE)
         report["image_checks"] = image_checks(dataset, base)
         save()
-    if "plain" in phases:
-        report["plain"] = run_plain(dataset, args.steps)
-        save()
-    if "operators" in phases:
-        every = base["training"]["refresh_every"]
-        # Long enough for the scale-up at 2 refreshes and the three kills at 4, 5 and 6.
-        report["operators"] = run_operators(dataset, max(args.steps, 8 * every), every)
-        save()
-    play("down")
+    try:
+        if "plain" in phases:
+            report["plain"] = run_plain(dataset, args.steps)
+            save()
+        if "operators" in phases:
+            every = base["training"]["refresh_every"]
+            # Long enough for the scale-up at 2 refreshes and the three kills at 4, 5 and 6.
+            report["operators"] = run_operators(dataset, max(args.steps, 8 * every), every)
+            save()
+    finally:  # a failed phase leaves no pods running; its own error is the one reported
+        down = sh(*PLAY, "down", check=False, timeout=900)
+        if down.returncode != 0:
+            print(f"warning: `down` exited {down.returncode}: {down.stderr[-2000:]}",
+                  file=sys.stderr)
     if "embedded" in phases:
         report["embedded"] = run_embedded(dataset, base, "embedded-same-config")
     if "plain" in report and "embedded" in report:
