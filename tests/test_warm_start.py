@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from ance_train.launcher.warm_start import WarmStarter, WarmStartError
+from ance_train.launcher.zygote import import_settings
 
 from ance_train_dev.service_harness import wait_until
 
@@ -59,8 +60,10 @@ def test_a_warm_child_gets_the_argv_environment_directory_and_log_asked_for(
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
+    # (and what the zygote read at import, which a warm child cannot differ in: under
+    # scripts/dev/avx2_only.sh, its CPU dispatch variables)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-           "ONLY_HERE": "1"}
+           "ONLY_HERE": "1", **import_settings(os.environ)}
     log = tmp_path / "child.log"
     log.write_text("")  # appended to, as the launcher's logs are across restarts
     child = starter.spawn([*CHILD, "exit", "7"], env, log)
