@@ -14,9 +14,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,15 +26,14 @@ import yaml
 from ance_train.config import load_config
 from ance_train.data.validation import validate_dataset
 from ance_train.infra.bus import EventBus
-from ance_train.infra.process import die_with_parent
 from ance_train.infra.store import LocalStore, ObjectStore, S3Store
 from ance_train.launcher.embedded import PLAIN_SERVICE, WARM_ROLES
 from ance_train.launcher.warm_start import (
-    PRELOAD,
     SERVER_VAR,
     ProcessHandle,
     WarmStarter,
     WarmStartError,
+    run_zygote,
 )
 from ance_train.runtime import publish_dataset
 
@@ -47,15 +44,10 @@ def start_warm_start_server(encoder_type: str = "bert") -> subprocess.Popen:
     """Start this test process's warm-start server and name it in ``ANCE_WARM_START_SERVER``
     for every launcher started from here on; it is stopped at exit, and dies with this
     process (PDEATHSIG), its children with it."""
-    label = f"test process {os.getpid()}"
     path = Path(tempfile.gettempdir()) / f"ance-warm-{os.getpid()}.sock"
-    log = Path(tempfile.gettempdir()) / f"ance-test-zygote-{os.getpid()}.log"
-    with open(log, "ab") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "ance_train.launcher.zygote", "--listen", str(path),
-             "--preload", ",".join(PRELOAD), "--encoder-type", encoder_type, "--label", label],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+    log = _zygote_log()
+    server = run_zygote(["--listen", str(path)], dict(os.environ), log,
+                        f"test process {os.getpid()}", encoder_type)
 
     def stop() -> None:
         server.terminate()
@@ -72,13 +64,17 @@ def start_warm_start_server(encoder_type: str = "bert") -> subprocess.Popen:
     return server
 
 
+def _zygote_log() -> Path:
+    """This test process's zygote log (the server's, or the zygote it starts without one)."""
+    return Path(tempfile.gettempdir()) / f"ance-test-zygote-{os.getpid()}.log"
+
+
 def shared_zygote() -> WarmStarter:
     """This test process's warm-start server (its own zygote when none runs), connected on
     first use and closed at its exit."""
     global _zygote
     if _zygote is None:
-        log = Path(tempfile.gettempdir()) / f"ance-test-zygote-{os.getpid()}.log"
-        _zygote = WarmStarter(dict(os.environ), log, f"test process {os.getpid()}",
+        _zygote = WarmStarter(dict(os.environ), _zygote_log(), f"test process {os.getpid()}",
                               encoder_type="bert", server=os.environ.get(SERVER_VAR)).start()
         atexit.register(_zygote.close)
     return _zygote

@@ -65,6 +65,22 @@ class WarmStartError(RuntimeError):
     """The zygote could not start a process (it died, or did not answer in time)."""
 
 
+def run_zygote(where: list[str], env: dict[str, str], log_path: Path, label: str,
+               encoder_type: str | None = None, preload: tuple[str, ...] = PRELOAD,
+               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """``python -m ance_train.launcher.zygote`` with ``where`` (``--fd N`` or ``--listen
+    PATH``), logging to ``log_path``: in its own session (Ctrl-C is the launcher's to handle),
+    SIGKILLed when the thread that started it ends; its children get SIGTERM when it does."""
+    args = [sys.executable, "-m", "ance_train.launcher.zygote", *where,
+            "--preload", ",".join(preload), "--label", label]
+    if encoder_type:
+        args += ["--encoder-type", encoder_type]
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(args, pass_fds=pass_fds, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+
+
 class WarmProcess:
     """A process the zygote forked; ``returncode`` as ``Popen``'s (negative: the signal)."""
 
@@ -135,17 +151,10 @@ class WarmStarter:
                             "run's own", self.server, error)
         self.import_env, self.shared = import_settings(self.env), False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        args = [sys.executable, "-m", "ance_train.launcher.zygote", "--fd", str(theirs.fileno()),
-                "--preload", ",".join(self.preload), "--label", self.label]
-        if self.encoder_type:
-            args += ["--encoder-type", self.encoder_type]
-        with theirs, open(self.log_path, "ab") as out:
-            # Its own session (Ctrl-C is the launcher's to handle); SIGKILL when the thread
-            # that started it ends, and its children get SIGTERM when it does.
-            self._zygote = subprocess.Popen(
-                args, pass_fds=[theirs.fileno()], env=self.env, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+        with theirs:
+            self._zygote = run_zygote(["--fd", str(theirs.fileno())], self.env, self.log_path,
+                                      self.label, self.encoder_type, self.preload,
+                                      pass_fds=(theirs.fileno(),))
         self._channel = ours
         threading.Thread(target=self._read, args=(ours, self._zygote), name="zygote-reader",
                          daemon=True).start()
